@@ -321,7 +321,11 @@ class ClippedGradientEngine:
         by_layer, losses, sq = self._per_example(inputs, targets, batch)
         total = torch.stack(list(sq.values())).sum(dim=0).sqrt()
         self._check_finite_norms(total)
-        weights = clipping_weights(sq, self._max_norm, self.clipping, self.gamma)
+        if self.clipping == "flat":  # as clipping_weights, reusing the total norm
+            assert not isinstance(self._max_norm, dict)
+            weights = dict.fromkeys(sq, _flat_weight(total, self._max_norm))
+        else:
+            weights = clipping_weights(sq, self._max_norm, self.clipping, self.gamma)
         sums: dict[str, Tensor] = {}
         for lay, grads in by_layer.values():
             local_w = {

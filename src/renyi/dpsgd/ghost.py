@@ -114,9 +114,14 @@ def _sq(x: Tensor, dims: tuple[int, ...]) -> Tensor:
     norms = torch.linalg.vector_norm(x, dim=dims)
     if norms.dtype == torch.float64:
         return norms * norms
-    redo = ~(norms.abs() >= _TINY_NORM) | torch.isinf(norms)
-    out = norms.double()
-    out = out * out
+    out = norms.double().square_()
+    if norms.numel() == 0:
+        return out
+    # one reduction decides whether any row needs float64 (NaN fails both comparisons)
+    lo, hi = torch.aminmax(norms)
+    if float(lo) >= _TINY_NORM and float(hi) < math.inf:
+        return out
+    redo = ~(norms >= _TINY_NORM) | torch.isinf(norms)
     if bool(redo.any()):  # ``dims`` are the trailing dimensions: those of the selected rows
         sub = x[redo]
         exact = torch.linalg.vector_norm(sub, dim=tuple(range(1, sub.ndim)), dtype=torch.float64)
@@ -226,10 +231,52 @@ def _used_calls(calls: Sequence[Call]) -> list[tuple[Tensor, Tensor]]:
     return [(_input_of(c).detach(), c[2][0]) for c in calls if c[2] and c[2][0] is not None]
 
 
+class _LinearGrads:
+    """``nn.Linear`` called once on a ``[B, d]`` input: the common case, in plain 2-D tensors.
+
+    Example ``i``'s weight gradient is ``b_i a_i^T`` and its bias gradient ``b_i``, so
+    ``||g_i||^2 = ||a_i||^2 ||b_i||^2 + ||b_i||^2`` (Goodfellow 2015), and the clipped sums are
+    ``(w * b)^T a`` (one matrix product, as the layer's ordinary weight gradient) and
+    ``w^T b``. The same algebra as :class:`_OuterProductGrads` with one position, without the
+    4-D views (which made torch take slow strided paths for the sums and the scaling).
+    """
+
+    def __init__(self, a: Tensor, b: Tensor, names: Sequence[str]) -> None:
+        self.a, self.b = a, b  # [B, d], [B, o]
+        self.names = tuple(names)
+
+    def sq_norms(self) -> dict[str, Tensor]:
+        sq_b = _sq(self.b, (1,))
+        res: dict[str, Tensor] = {}
+        if "weight" in self.names:
+            res["weight"] = _sq(self.a, (1,)) * sq_b
+        if "bias" in self.names:
+            res["bias"] = sq_b
+        return res
+
+    def weighted_sum(self, weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        res: dict[str, Tensor] = {}
+        a, b = self.a, self.b
+        if "weight" in self.names:
+            w = weights["weight"].to(b.dtype).unsqueeze(1)
+            # scale the narrower of the two factors (fewer multiplications, same product)
+            if a.shape[1] < b.shape[1]:
+                res["weight"] = torch.mm(b.t(), a * w)
+            else:
+                res["weight"] = torch.mm((b * w).t(), a)
+        if "bias" in self.names:
+            res["bias"] = torch.mv(b.t(), weights["bias"].to(b.dtype))
+        return res
+
+
 def _linear(
     module: nn.Linear, calls: Sequence[Call], names: Sequence[str], batch: int
-) -> _OuterProductGrads:
+) -> _OuterProductGrads | _LinearGrads:
     used = _used_calls(calls)
+    if len(used) == 1:
+        x, g = used[0]
+        if x.ndim == 2 and g.ndim == 2 and x.shape[0] == batch == g.shape[0]:
+            return _LinearGrads(x, g, names)
     d, o = module.in_features, module.out_features
     a = _cat([x.reshape(batch, 1, -1, d).transpose(2, 3) for x, _ in used], dim=3)
     b = _cat([g.reshape(batch, 1, -1, o).transpose(2, 3) for _, g in used], dim=3)

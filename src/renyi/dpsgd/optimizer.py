@@ -208,6 +208,9 @@ class DPOptimizer:
                 model, loss_fn, max_grad_norm=self.max_grad_norm, clipping=clipping, mode=grad_mode
             )
         )
+        from renyi.dpsgd.clipping import ClippedGradientEngine
+
+        self._fresh_sums = type(self.engine) is ClippedGradientEngine
         # The noise is calibrated to max_grad_norm: the engine's sensitivity (the L2 bound on
         # one clipped per-example gradient) must be exactly that.
         engine_norm = getattr(
@@ -252,7 +255,10 @@ class DPOptimizer:
                 _slice(inputs, start, start + chunk), targets[start : start + chunk]
             )
             for name, g in part_sums.items():
-                sums[name] = sums[name] + g if name in sums else g.detach().clone()
+                if name in sums:
+                    sums[name] = sums[name] + g
+                else:  # our engine returns fresh tensors; another might keep and reuse them
+                    sums[name] = g.detach() if self._fresh_sums else g.detach().clone()
             losses.append(part_losses.detach().reshape(-1))
             norms.append(part_norms.detach().reshape(-1))
         all_losses = torch.cat(losses)
@@ -293,8 +299,11 @@ class DPOptimizer:
             )
         sq = 0.0
         for name, g in sums.items():
-            # one pass: a NaN/inf anywhere makes the norm non-finite
-            norm = float(torch.linalg.vector_norm(g.detach(), dtype=torch.float64))
+            # one pass in the gradient's own dtype: a NaN/inf anywhere makes the norm
+            # non-finite; only then (or if float32 squares overflowed) is it redone in float64
+            norm = float(torch.linalg.vector_norm(g.detach()))
+            if not math.isfinite(norm):
+                norm = float(torch.linalg.vector_norm(g.detach(), dtype=torch.float64))
             if not math.isfinite(norm):
                 raise NonFiniteLossError(f"the clipped gradient sum of {name!r} is not finite")
             sq += norm * norm
@@ -313,11 +322,13 @@ class DPOptimizer:
         flat = self.draw_noise()
         offset = 0
         for name, p in zip(self._param_names, self._params, strict=True):
-            noise = flat[offset : offset + p.numel()].view(p.shape).mul_(std)
+            noise = flat[offset : offset + p.numel()].view(p.shape)
             offset += p.numel()
             summed = self._summed.get(name) if self._summed is not None else None
-            if summed is not None:
-                noise.add_(summed.detach().to(noise.dtype))
+            if summed is None:
+                noise.mul_(std)
+            else:  # summed + std * noise, in one pass into the noise buffer
+                torch.add(summed.detach().to(noise.dtype), noise, alpha=std, out=noise)
             p.grad = noise.to(dtype=p.dtype, device=p.device)
 
     def draw_noise(self) -> torch.Tensor:

@@ -1,0 +1,341 @@
+"""The fast paths of the DP-SGD step against independent references.
+
+* ``nn.Linear`` on ``[B, d]`` inputs (``ghost._LinearGrads``): the engine's clipped summed
+  gradient equals a batch-of-one autograd loop, clipped and summed, on random MLPs (with and
+  without biases); the other layers and call patterns keep their previous rules.
+* ``SecureRandomSource.normal``: on the same words, the normals of ``renyi.random``.
+* ``DPOptimizer``: the noise is added as ``summed + sigma C z`` and the finiteness check does
+  not mistake a float32 overflow of the squared norm for a non-finite gradient.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from torch import Tensor, nn  # noqa: E402
+
+from renyi import random as rr  # noqa: E402
+from renyi.dpsgd import ghost  # noqa: E402
+from renyi.dpsgd.clipping import CLIP_MARGIN, ClippedGradientEngine  # noqa: E402
+from renyi.dpsgd.grad_sample import UnsupportedModelError  # noqa: E402
+from renyi.dpsgd.optimizer import DPOptimizer, NonFiniteLossError  # noqa: E402
+from renyi.dpsgd.sampler import PoissonSampler, SecureRandomSource, SeededRandomSource  # noqa: E402
+from renyi.errors import InsecureRandomnessWarning, RenyiError  # noqa: E402
+
+pytestmark = pytest.mark.torch
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.fixture(autouse=True)
+def _quiet_insecure() -> None:
+    warnings.simplefilter("ignore", InsecureRandomnessWarning)
+
+
+def reference_clipped_sum(
+    model: nn.Module, loss_fn: Any, x: Tensor, y: Tensor, c: float
+) -> dict[str, Tensor]:
+    """Each example alone through the model (plain autograd), clipped to ``c``, summed.
+
+    Clipped as the engine documents: norms are taken ``(1 + CLIP_MARGIN)`` times larger.
+    """
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    total = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in params.items()}
+    for i in range(x.shape[0]):
+        loss = loss_fn(model(x[i : i + 1]), y[i : i + 1]).sum()
+        g = torch.autograd.grad(loss, list(params.values()))
+        norm = math.sqrt(sum(float(v.double().pow(2).sum()) for v in g))
+        factor = min(1.0, c / (norm * (1 + CLIP_MARGIN))) if norm > 0 else 1.0
+        for n, v in zip(params, g, strict=True):
+            total[n] += factor * v.double()
+    return total
+
+
+@st.composite
+def mlp_case(draw: Any) -> tuple[nn.Module, Tensor, Tensor, float]:
+    widths = draw(st.lists(st.integers(1, 9), min_size=2, max_size=4))
+    layers: list[nn.Module] = []
+    for i, (d_in, d_out) in enumerate(itertools.pairwise(widths)):
+        if i:
+            layers.append(draw(st.sampled_from([nn.ReLU(), nn.Tanh()])))
+        layers.append(nn.Linear(d_in, d_out, bias=draw(st.booleans())))
+    batch = draw(st.integers(1, 7))
+    torch.manual_seed(draw(st.integers(0, 2**16)))
+    model = nn.Sequential(*layers)
+    x = draw(st.sampled_from([0.1, 1.0, 30.0])) * torch.randn(batch, widths[0])
+    y = torch.randn(batch, widths[-1])
+    c = draw(st.sampled_from([1e-3, 0.1, 1.0, 1e3]))
+    return model, x, y, c
+
+
+def mse_per_example(out: Tensor, target: Tensor) -> Tensor:
+    return ((out - target) ** 2).sum(dim=1) + torch.sin(out).sum(dim=1)
+
+
+def _assert_close(got: Tensor, want: Tensor, rtol: float) -> None:
+    got, want = got.double(), want.double()
+    scale = float(want.abs().max()) if want.numel() else 0.0
+    err = float((got - want).abs().max()) if want.numel() else 0.0
+    assert err <= rtol * scale + 1e-300, (got, want)
+
+
+@SETTINGS
+@given(case=mlp_case())
+def test_linear_fast_path_clipped_sum_matches_the_loop_float64(
+    case: tuple[nn.Module, Tensor, Tensor, float],
+) -> None:
+    model, x, y, c = case
+    model = model.double()
+    x, y = x.double(), y.double()
+    engine = ClippedGradientEngine(model, mse_per_example, max_grad_norm=c)
+    assert engine.mode == "ghost"
+    got, _, _ = engine.clipped_grad_sum(x, y)
+    want = reference_clipped_sum(model, mse_per_example, x, y, c)
+    assert list(got) == list(want)
+    for n in want:
+        _assert_close(got[n], want[n], 1e-10)
+
+
+@SETTINGS
+@given(case=mlp_case())
+def test_linear_fast_path_clipped_sum_matches_the_loop_float32(
+    case: tuple[nn.Module, Tensor, Tensor, float],
+) -> None:
+    model, x, y, c = case
+    engine = ClippedGradientEngine(model, mse_per_example, max_grad_norm=c)
+    got, _, _ = engine.clipped_grad_sum(x, y)
+    want = reference_clipped_sum(model, mse_per_example, x, y, c)
+    for n in want:
+        assert got[n].dtype == torch.float32
+        _assert_close(got[n], want[n], 1e-5)
+    # the clipped sum of one example has norm min(||g||, C)
+    one, _, norms = engine.clipped_grad_sum(x[:1], y[:1])
+    total = math.sqrt(sum(float(v.double().pow(2).sum()) for v in one.values()))
+    assert total <= c * (1 + 1e-6)
+    assert math.isclose(total, min(float(norms[0]), c), rel_tol=1e-4, abs_tol=1e-30)
+
+
+def _record(layer: nn.Linear, *inputs: Tensor) -> list[Any]:
+    calls = []
+    for x in inputs:
+        out = layer(x)
+        b = torch.autograd.grad((out**2).sum(), out)[0]
+        calls.append(((x,), {}, [b]))
+    return calls
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_which_linear_rule_is_used(bias: bool) -> None:
+    """The 2-D rule only for one call on [B, d]; sequences and repeated calls as before."""
+    torch.manual_seed(0)
+    layer = nn.Linear(4, 3, bias=bias)
+    names = ["weight", "bias"] if bias else ["weight"]
+    flat = ghost.ghost_layer_grads(layer, _record(layer, torch.randn(5, 4)), names, 5)
+    assert isinstance(flat, ghost._LinearGrads)
+    seq = ghost.ghost_layer_grads(layer, _record(layer, torch.randn(5, 2, 4)), names, 5)
+    assert isinstance(seq, ghost._OuterProductGrads)
+    twice = _record(layer, torch.randn(5, 4), torch.randn(5, 4))
+    assert isinstance(ghost.ghost_layer_grads(layer, twice, names, 5), ghost._OuterProductGrads)
+    # both rules give the same norms and sums on the same call
+    x = torch.randn(5, 4)
+    calls = _record(layer, x)
+    fast = ghost.ghost_layer_grads(layer, calls, names, 5)
+    general = ghost._OuterProductGrads(
+        x.reshape(5, 1, 1, 4).transpose(2, 3),
+        calls[0][2][0].reshape(5, 1, 1, 3).transpose(2, 3),
+        layer.weight.shape,
+        names,
+    )
+    w = dict.fromkeys(names, torch.rand(5, dtype=torch.float64))
+    for n in names:
+        _assert_close(fast.sq_norms()[n], general.sq_norms()[n], 1e-6)
+        _assert_close(fast.weighted_sum(w)[n], general.weighted_sum(w)[n], 1e-6)
+
+
+class _TwiceLinear(nn.Module):
+    """One Linear applied twice (an RNN-cell pattern): per-example gradients add up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 2, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(torch.tanh(self.fc(torch.tanh(self.fc(x)))))
+
+
+def test_repeated_and_sequence_linear_calls_still_match_the_loop() -> None:
+    torch.manual_seed(1)
+    for model, x in [
+        (_TwiceLinear(), torch.randn(6, 4)),
+        (nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 2)), torch.randn(6, 3, 4)),
+    ]:
+        y = torch.randn(*x.shape[:-1], 2)
+        loss = lambda o, t: ((o - t) ** 2).flatten(1).sum(1)  # noqa: E731
+        engine = ClippedGradientEngine(model, loss, max_grad_norm=0.5)
+        assert engine.mode == "ghost"
+        got, _, _ = engine.clipped_grad_sum(x, y)
+        want = reference_clipped_sum(model, loss, x, y, 0.5)
+        for n in want:
+            _assert_close(got[n], want[n], 1e-5)
+
+
+def test_unsupported_layers_fall_back_or_are_refused_as_before() -> None:
+    prelu = nn.Sequential(nn.Linear(3, 4), nn.PReLU(), nn.Linear(4, 2))
+    assert ClippedGradientEngine(prelu, nn.CrossEntropyLoss(), max_grad_norm=1.0).mode == "hybrid"
+    with pytest.raises(UnsupportedModelError, match="ghost"):
+        ClippedGradientEngine(prelu, nn.CrossEntropyLoss(), max_grad_norm=1.0, mode="ghost")
+    with pytest.raises(UnsupportedModelError, match="BatchNorm"):
+        ClippedGradientEngine(
+            nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)), nn.MSELoss(), max_grad_norm=1.0
+        )
+    torch.manual_seed(2)
+    x, y = torch.randn(5, 3), torch.randint(0, 2, (5,))
+    engine = ClippedGradientEngine(prelu, nn.CrossEntropyLoss(), max_grad_norm=0.3)
+    got, _, _ = engine.clipped_grad_sum(x, y)
+    want = reference_clipped_sum(prelu, nn.CrossEntropyLoss(reduction="none"), x, y, 0.3)
+    for n in want:
+        _assert_close(got[n], want[n], 1e-5)
+
+
+# ---------------------------------------------------------------- secure normals
+@pytest.mark.parametrize("shape", [(0,), (1,), (2,), (7,), (3, 5), (4, 0), (10_001,)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_secure_normal_equals_renyi_random_on_the_same_words(
+    shape: tuple[int, ...], dtype: torch.dtype
+) -> None:
+    src = SecureRandomSource()
+    src.source = rr.GeneratorSource(np.random.default_rng(7))
+    z = src.normal(shape, dtype)
+    assert z.dtype == dtype and tuple(z.shape) == shape
+    ref = rr.GeneratorSource(np.random.default_rng(7)).normal(shape, np.dtype(str(dtype)[6:]))
+    # float64: last-ulp differences of torch's and numpy's log/cos/sin; float32: also the
+    # float32 square root of the rounded -2 ln u1 (one float32 ulp)
+    np.testing.assert_allclose(z.numpy(), ref, rtol=1e-6 if dtype == torch.float32 else 1e-13)
+
+
+def test_secure_normal_other_dtypes_and_tails() -> None:
+    z = SecureRandomSource().normal((2, 3), torch.float16)
+    assert z.dtype == torch.float16 and z.shape == (2, 3)
+    # the extreme words: u1 = 2^-54 gives the largest radius sqrt(108 ln 2), u1 near 1 ~0
+    src = SecureRandomSource()
+
+    class _Words(rr.RandomSource):
+        def words(self, n: int) -> Any:
+            return np.zeros(n, dtype=np.uint64)
+
+    src.source = _Words()
+    for dtype in (torch.float32, torch.float64):
+        top = src.normal((1,), dtype)
+        assert math.isclose(float(top[0]), math.sqrt(108 * math.log(2)), rel_tol=1e-6)
+
+
+# ---------------------------------------------------------------- optimizer
+class _FixedNoise:
+    secure = False
+
+    def __init__(self, z: Tensor) -> None:
+        self.z = z
+
+    def normal(self, shape: Any, dtype: torch.dtype) -> Tensor:
+        return self.z.clone().to(dtype).reshape(tuple(shape))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def _optimizer(model: nn.Module, source: Any, sigma: float = 1.3, clip: float = 0.7) -> Any:
+    sampler = PoissonSampler(200, 0.05, 5, random_source=SeededRandomSource(0))
+    return DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model=model,
+        loss_fn=nn.CrossEntropyLoss(),
+        noise_multiplier=sigma,
+        max_grad_norm=clip,
+        sampler=sampler,
+        accountant=None,
+        random_source=source,
+    )
+
+
+def test_noisy_gradient_is_clipped_sum_plus_sigma_c_z_over_qn() -> None:
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 3))
+    total = sum(p.numel() for p in model.parameters())
+    z = torch.randn(total)
+    opt = _optimizer(model, _FixedNoise(z))
+    x, y = torch.randn(9, 5), torch.randint(0, 3, (9,))
+    engine = ClippedGradientEngine(model, nn.CrossEntropyLoss(), max_grad_norm=0.7)
+    summed, _, _ = engine.clipped_grad_sum(x, y)
+    opt.zero_grad()
+    opt.accumulate(x[:4], y[:4])  # two micro-batches of one logical batch
+    opt.accumulate(x[4:], y[4:])
+    opt.pre_step()
+    offset = 0
+    for name, p in model.named_parameters():
+        noise = z[offset : offset + p.numel()].view(p.shape)
+        offset += p.numel()
+        want = (summed[name] + 1.3 * 0.7 * noise) / 10.0  # q n = 10
+        torch.testing.assert_close(p.grad, want, rtol=1e-5, atol=1e-6)
+
+
+def test_finite_check_survives_float32_overflow_of_the_squared_norm() -> None:
+    model = nn.Linear(4, 2)
+    opt = _optimizer(model, _FixedNoise(torch.zeros(10)))
+    big = {n: torch.full_like(p, 1e20) for n, p in model.named_parameters()}
+    assert not math.isfinite(float(torch.linalg.vector_norm(big["weight"])))
+    opt.add_clipped_sum(big, num_examples=10**30)  # finite, and within num_examples * C
+    with pytest.raises(RenyiError, match="did not clip"):
+        opt.add_clipped_sum(big, num_examples=10)
+    for bad in (math.nan, math.inf):
+        sums = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+        sums["bias"][0] = bad
+        with pytest.raises(NonFiniteLossError, match="bias"):
+            opt.add_clipped_sum(sums, num_examples=1)
+
+
+def test_engine_sums_are_not_shared_between_steps() -> None:
+    """The optimizer keeps the engine's fresh tensors without copying: no aliasing."""
+    torch.manual_seed(4)
+    model = nn.Linear(3, 2)
+    opt = _optimizer(model, _FixedNoise(torch.zeros(8)))
+    x, y = torch.randn(6, 3), torch.randint(0, 2, (6,))
+    opt.zero_grad()
+    opt.accumulate(x, y)
+    first = {n: t.clone() for n, t in opt._summed.items()}
+    opt.step()
+    opt.zero_grad()
+    opt.accumulate(x, y)
+    # the first step's gradients (views of the noise buffer) did not write into these sums
+    engine = ClippedGradientEngine(model, nn.CrossEntropyLoss(), max_grad_norm=0.7)
+    want, _, _ = engine.clipped_grad_sum(x, y)
+    for n in want:
+        torch.testing.assert_close(opt._summed[n], want[n])
+        assert not torch.equal(first[n], opt._summed[n]) or torch.equal(first[n], want[n])
+
+
+def test_the_engine_uses_the_two_dimensional_rule_for_an_mlp(monkeypatch: Any) -> None:
+    built: list[int] = []
+    original = ghost._LinearGrads.__init__
+
+    def spy(self: Any, a: Tensor, b: Tensor, names: Any) -> None:
+        built.append(a.shape[1])
+        original(self, a, b, names)
+
+    monkeypatch.setattr(ghost._LinearGrads, "__init__", spy)
+    model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 2))
+    engine = ClippedGradientEngine(model, nn.CrossEntropyLoss(), max_grad_norm=1.0)
+    engine.clipped_grad_sum(torch.randn(8, 6), torch.randint(0, 2, (8,)))
+    assert sorted(built[-3:]) == [4, 5, 6]  # the last call; the first also runs the self-check
