@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -147,17 +148,19 @@ def _log_ndtr_diff(a: FloatArray, b: FloatArray) -> FloatArray:
 
 
 @functools.lru_cache(maxsize=8)
-def _log_binom_table(n: int) -> tuple[FloatArray, FloatArray]:
-    """``log C(k, j)`` (0 <= j <= k <= n, -inf above the diagonal) and ``(-1)^(k - j)``."""
-    k = np.arange(n + 1, dtype=np.float64)[:, None]
-    j = np.arange(n + 1, dtype=np.float64)[None, :]
+def _log_binom_table(n: int) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """``log C(k, j)`` laid out ``[j, k]`` (0 <= j <= k <= n, -inf for j > k), ``(-1)^(k - j)``
+    and ``|log C(k, j)| + 1`` (the magnitudes of the rounding allowance)."""
+    j = np.arange(n + 1, dtype=np.float64)[:, None]
+    k = np.arange(n + 1, dtype=np.float64)[None, :]
     with np.errstate(divide="ignore", invalid="ignore"):
         lb = gammaln(k + 1) - gammaln(j + 1) - gammaln(k - j + 1)
     lb = np.where(j <= k, lb, -np.inf)
     alt = np.where(np.mod(k - j, 2.0) == 0, 1.0, -1.0)
-    lb.setflags(write=False)
-    alt.setflags(write=False)
-    return lb, alt
+    mag = np.where(j <= k, np.abs(lb), 0.0) + 1.0
+    for arr in (lb, alt, mag):
+        arr.setflags(write=False)
+    return lb, alt, mag
 
 
 @functools.lru_cache(maxsize=8)
@@ -167,7 +170,7 @@ def _euler_weights(m: int) -> tuple[FloatArray, FloatArray]:
     For a completely monotone sequence ``f`` the tail ``S = sum_j (-1)^j f(K + j)`` equals
     ``sum_{i<=m} (-1)^i W_i f(K + i) + R`` with ``W_i = sum_{i <= l < m} C(l, i) / 2^(l + 1)``
     and ``0 <= R <= sum_i (-1)^i C(m, i) f(K + i) / 2^m`` (the m-th difference over 2^m).
-    Returns ``(signed W, signed bound weights)``, both of length ``m + 1``.
+    Returns ``(signed W, signed bound weights)`` as columns of shape ``(m + 1, 1)``.
     """
     from scipy.special import comb
 
@@ -177,32 +180,46 @@ def _euler_weights(m: int) -> tuple[FloatArray, FloatArray]:
         w[: ell + 1] += comb(ell, i[: ell + 1]) / 2.0 ** (ell + 1)
     sgn = np.where(i % 2 == 0, 1.0, -1.0)
     bound = sgn * comb(m, i) / 2.0**m
-    return sgn * w, bound
+    return (sgn * w)[:, None], bound[:, None]
 
 
-def _lse(logs: FloatArray, axis: int = -1) -> FloatArray:
-    """Plain ``logsumexp`` along ``axis`` (numpy only; -inf for an empty or all -inf slice)."""
-    m = np.max(logs, axis=axis, keepdims=True)
+# Sums over the terms of a series run down the columns of a (term, order) table, one column
+# per order. ``_colsum`` adds the rows strictly in sequence (numpy's reduction over the outer
+# axis of a C-contiguous 2-D array with at least two columns), so the value for an order does
+# not depend on which other orders share the call, nor on -inf padding (exact zeros): an order
+# gets bit-for-bit the same value alone, in a subset or in the full grid. The lazy order search
+# of the RDP accountant relies on this.
+
+
+def _colsum(x: FloatArray) -> FloatArray:
+    """Sum of the rows of a 2-D array, added strictly in row order (per column)."""
+    n = x.shape[1]
+    if n == 1:  # a single column would be reduced pairwise: pad with a copy
+        x = np.concatenate([x, x], axis=1)
+    return np.add.reduce(np.ascontiguousarray(x), axis=0)[:n]
+
+
+def _col_lse(logs: FloatArray) -> FloatArray:
+    """``logsumexp`` down each column (-inf for an all -inf column)."""
+    m = np.max(logs, axis=0)
     m = np.where(np.isfinite(m), m, 0.0)
     with np.errstate(divide="ignore"):
-        out = np.log(np.sum(np.exp(logs - m), axis=axis)) + np.squeeze(m, axis=axis)
+        out = np.log(_colsum(np.exp(logs - m))) + m
     return np.asarray(out, dtype=np.float64)
 
 
-def _signed_lse(
-    logs: FloatArray, signs: FloatArray, axis: int = -1
-) -> tuple[FloatArray, FloatArray]:
-    """``log|sum(sign * exp(log))|`` and its sign along ``axis`` (0 for an all-zero sum)."""
-    m = np.max(logs, axis=axis, keepdims=True)
+def _col_signed_lse(logs: FloatArray, signs: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """``log|sum(sign * exp(log))|`` and its sign down each column (0 for an all-zero sum)."""
+    m = np.max(logs, axis=0)
     m = np.where(np.isfinite(m), m, 0.0)
-    total = np.sum(signs * np.exp(logs - m), axis=axis)
+    total = _colsum(signs * np.exp(logs - m))
     with np.errstate(divide="ignore"):
-        out = np.log(np.abs(total)) + np.squeeze(m, axis=axis)
+        out = np.log(np.abs(total)) + m
     return np.asarray(out, dtype=np.float64), np.sign(total)
 
 
-def _log_rounding(logs: FloatArray, mags: FloatArray, axis: int = -1) -> FloatArray:
-    """Log of a rounding allowance for a sum of terms ``+-exp(logs)`` along ``axis``.
+def _log_rounding(logs: FloatArray, mags: FloatArray) -> FloatArray:
+    """Log of a rounding allowance for a sum of terms ``+-exp(logs)`` down each column.
 
     ``mags`` is, per term, the sum of the absolute values of the parts its logarithm was
     assembled from, so the term is known to relative accuracy ``~eps mags`` (``gammaln``,
@@ -212,7 +229,7 @@ def _log_rounding(logs: FloatArray, mags: FloatArray, axis: int = -1) -> FloatAr
     with np.errstate(invalid="ignore", divide="ignore"):
         w = np.log(_ROUND + _EPS4 * np.abs(mags))
         weighted = np.where(np.isfinite(logs), logs + w, -np.inf)
-    return _lse(weighted, axis=axis)
+    return _col_lse(weighted)
 
 
 def _pad(log_a: FloatArray) -> FloatArray:
@@ -236,9 +253,20 @@ def _binom_mag(alpha: FloatArray, k: FloatArray) -> FloatArray:
 class _IntegerPlan:
     """Flattened ragged table of ``log C(alpha, k)``, ``0 <= k <= alpha``, integer orders."""
 
+    alphas: FloatArray
+    sizes: NDArray[np.int64]
+    starts: NDArray[np.intp]
+    row: NDArray[np.intp]
+    a: FloatArray
+    k: FloatArray
+    lb: FloatArray
+    lb_mag: FloatArray
+    kk: FloatArray
+
     def __init__(self, alphas: FloatArray) -> None:
         sizes = alphas.astype(np.int64) + 1
         self.alphas = alphas
+        self.sizes = sizes
         self.starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.intp)
         self.row = np.repeat(np.arange(alphas.size), sizes)
         self.a = alphas[self.row]
@@ -248,29 +276,92 @@ class _IntegerPlan:
         self.lb_mag = np.abs(g[0]) + np.abs(g[1]) + np.abs(g[2])
         self.kk = self.k * self.k - self.k
 
+    def subset(self, sel: NDArray[np.bool_]) -> _IntegerPlan:
+        """The plan of the orders ``alphas[sel]`` (segments gathered, nothing recomputed)."""
+        if sel.all():
+            return self
+        out = object.__new__(_IntegerPlan)
+        sizes = self.sizes[sel]
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.intp)
+        row = np.repeat(np.arange(sizes.size), sizes)
+        gather = np.arange(int(sizes.sum())) + (self.starts[sel] - starts)[row]
+        out.alphas, out.sizes, out.starts, out.row = self.alphas[sel], sizes, starts, row
+        out.a, out.k, out.lb = self.a[gather], self.k[gather], self.lb[gather]
+        out.lb_mag, out.kk = self.lb_mag[gather], self.kk[gather]
+        return out
+
 
 class _FractionalPlan:
-    """Tables of ``log|C(alpha, k)|`` and signs for the MTZ series and the central series."""
+    """Per-order tables of ``log|C(alpha, k)|`` and signs for the MTZ series and the central
+    series, laid out ``[k, order]``; every truncation point is a function of the order alone.
+
+    MTZ series of the order ``alpha``: exact terms ``k < k_start = floor(alpha) + 2 + 8``, then
+    ``_EULER_TERMS + 1`` terms feeding the Euler transform of the tail (rows up to ``width``).
+    Central series: terms ``2 <= k < k1 = ceil(alpha) + _CENTRAL_EXTRA`` and a bound beyond.
+    """
+
+    alphas: FloatArray
+    k_start: NDArray[np.intp]
+    width: NDArray[np.intp]
+    k: FloatArray
+    lb: FloatArray
+    sb: FloatArray
+    lb_mag: FloatArray
+    head: NDArray[np.bool_]
+    inside: NDArray[np.bool_]
+    k1: NDArray[np.intp]
+    kc: FloatArray
+    lbc: FloatArray
+    sbc: FloatArray
+    lbc_mag: FloatArray
+    lbk1: FloatArray
 
     def __init__(self, alphas: FloatArray) -> None:
         self.alphas = alphas
-        amax = float(alphas.max())
-        a = alphas[:, None]
-        self.k_start = math.floor(amax) + 2 + _MTZ_EXTRA
-        self.k = np.arange(self.k_start + _EULER_TERMS + 1, dtype=np.float64)
-        self.lb, self.sb = _log_abs_binom(a, self.k[None, :])
-        self.lb_mag = _binom_mag(a, self.k[None, :])
-        self.j = a - self.k  # exponents alpha - k of the upper series
-        self.j_unique, self.j_inverse = np.unique(self.j, return_inverse=True)
-        self.k1 = math.ceil(amax) + _CENTRAL_EXTRA
-        self.kc = np.arange(2, self.k1, dtype=np.float64)
-        self.lbc, self.sbc = _log_abs_binom(a, self.kc[None, :])
-        self.lbc_mag = _binom_mag(a, self.kc[None, :])
-        self.lbk1, _ = _log_abs_binom(alphas, np.full(alphas.size, float(self.k1)))
+        a = alphas[None, :]
+        self.k_start = (np.floor(alphas) + 2 + _MTZ_EXTRA).astype(np.intp)
+        self.width = self.k_start + _EULER_TERMS + 1
+        self.k = np.arange(int(self.width.max()), dtype=np.float64)[:, None]
+        self.lb, self.sb = _log_abs_binom(a, self.k)
+        self.lb_mag = _binom_mag(a, self.k)
+        self.head = self.k < self.k_start[None, :]
+        self.inside = self.k < self.width[None, :]
+        self.k1 = (np.ceil(alphas) + _CENTRAL_EXTRA).astype(np.intp)
+        self.kc = np.arange(2, int(self.k1.max()), dtype=np.float64)[:, None]
+        lbc, self.sbc = _log_abs_binom(a, self.kc)
+        self.lbc = np.where(self.kc < self.k1[None, :], lbc, -np.inf)
+        self.lbc_mag = _binom_mag(a, self.kc)
+        self.lbk1, _ = _log_abs_binom(alphas, self.k1.astype(np.float64))
+
+    def subset(self, sel: NDArray[np.bool_]) -> _FractionalPlan:
+        """The plan of the orders ``alphas[sel]`` (columns and the rows they need)."""
+        if sel.all():
+            return self
+        out = object.__new__(_FractionalPlan)
+        cols = np.flatnonzero(sel)
+        out.alphas = self.alphas[cols]
+        out.k_start, out.width, out.k1 = self.k_start[cols], self.width[cols], self.k1[cols]
+        w = int(out.width.max())
+        wc = int(out.k1.max()) - 2
+        out.k, out.kc = self.k[:w], self.kc[:wc]
+
+        def take(x: NDArray[Any], rows: int) -> NDArray[Any]:
+            return np.ascontiguousarray(x[:rows].take(cols, axis=1))
+
+        out.lb, out.sb, out.lb_mag = take(self.lb, w), take(self.sb, w), take(self.lb_mag, w)
+        out.head, out.inside = take(self.head, w), take(self.inside, w)
+        out.lbc, out.sbc, out.lbc_mag = (
+            take(self.lbc, wc),
+            take(self.sbc, wc),
+            take(self.lbc_mag, wc),
+        )
+        out.lbk1 = self.lbk1[cols]
+        return out
 
 
 class _GridSplit:
-    """The distinct orders of a grid, split into integer, fractional and infinite ones."""
+    """The distinct orders of a grid, split into integer, fractional and infinite ones, with
+    the grid's integer-order and fractional-order plans (built on first use)."""
 
     def __init__(self, alphas: FloatArray) -> None:
         self.uniq, self.inverse = np.unique(alphas, return_inverse=True)
@@ -286,6 +377,20 @@ class _GridSplit:
         self.a_frac.setflags(write=False)
         self.any_int = bool(self.is_int.any())
         self.any_frac = bool(self.frac.any())
+        self._int_plan: _IntegerPlan | None = None
+        self._frac_plan: _FractionalPlan | None = None
+
+    @property
+    def int_plan(self) -> _IntegerPlan:
+        if self._int_plan is None:
+            self._int_plan = _IntegerPlan(self.a_int)
+        return self._int_plan
+
+    @property
+    def frac_plan(self) -> _FractionalPlan:
+        if self._frac_plan is None:
+            self._frac_plan = _FractionalPlan(self.a_frac)
+        return self._frac_plan
 
 
 @functools.lru_cache(maxsize=32)
@@ -296,11 +401,6 @@ def _grid_split(key: bytes) -> _GridSplit:
 @functools.lru_cache(maxsize=32)
 def _integer_plan(key: bytes) -> _IntegerPlan:
     return _IntegerPlan(np.frombuffer(key, dtype=np.float64))
-
-
-@functools.lru_cache(maxsize=32)
-def _fractional_plan(key: bytes) -> _FractionalPlan:
-    return _FractionalPlan(np.frombuffer(key, dtype=np.float64))
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,34 +418,34 @@ def _moments_log(
     ``F_j = E[exp(j t); z <= z_hi] = exp(c (j^2 - j)) Phi((z_hi - j) / sigma)``. Since the
     alternating binomial sum of a constant vanishes for ``k >= 1`` we sum ``F_j - 1`` instead
     (``expm1`` in log space), which removes the O(1) part that would otherwise cancel when
-    sigma is large. Entry ``k = 0`` is ``Phi(z_hi / sigma)``.
+    sigma is large. Entry ``k = 0`` is ``Phi(z_hi / sigma)``. Each ``M_k`` is summed over
+    ``j`` in sequence, so it does not depend on ``kmax``.
     """
     j = np.arange(kmax + 1, dtype=np.float64)
     log_f = c * (j * j - j)
     if math.isfinite(z_hi):
         log_f = log_f + log_ndtr((z_hi - j) / sigma)
     lm1, sm1 = _log_abs_expm1(log_f)
-    lb, alt = _log_binom_table(kmax)
-    logs = lb + lm1[None, :]
-    # One shared scale per row for the signed sum and its rounding allowance (the allowance
+    lb, alt, lb_mag = _log_binom_table(kmax)
+    logs = lb + lm1[:, None]
+    # One shared scale per moment for the signed sum and its rounding allowance (the allowance
     # is the one of _log_rounding: sum |term| (_ROUND + 4 eps mags)).
-    m = np.max(logs, axis=1)
+    m = np.max(logs, axis=0)
     m = np.where(np.isfinite(m), m, 0.0)
-    e = np.exp(logs - m[:, None])
-    total = np.sum(e * (alt * sm1[None, :]), axis=1)
-    mags = np.abs(lb) + np.abs(lm1)[None, :] + 1.0
-    with np.errstate(invalid="ignore"):
-        w = np.where(e > 0, e * (_ROUND + _EPS4 * mags), 0.0)
+    e = np.exp(logs - m)
+    total = _colsum(e * (alt * sm1[:, None]))
+    alm1 = np.where(np.isfinite(lm1), np.abs(lm1), 0.0)  # exp(-inf) = 0 terms: no rounding
+    w = e * (_ROUND + _EPS4 * (lb_mag + alm1[:, None]))
     with np.errstate(divide="ignore"):
         out = np.log(np.abs(total)) + m
-        rnd = np.log(np.sum(w, axis=1)) + m
+        rnd = np.log(_colsum(w)) + m
     sgn = np.sign(total)
     out[0] = float(log_ndtr(z_hi / sigma)) if math.isfinite(z_hi) else 0.0
     sgn[0] = 1.0
     return out, sgn, rnd
 
 
-def _log_a_integer(q: float, sigma: float, alphas: FloatArray) -> FloatArray:
+def _log_a_integer(q: float, sigma: float, plan: _IntegerPlan) -> FloatArray:
     """``log(A_alpha)`` (rounded up) for integer ``alpha >= 2`` (MTZ Section 3.2).
 
     ``A_alpha = sum_{k=0}^{alpha} C(alpha, k) (1-q)^(alpha-k) q^k exp((k^2 - k) / (2 sigma^2))``,
@@ -354,33 +454,31 @@ def _log_a_integer(q: float, sigma: float, alphas: FloatArray) -> FloatArray:
     around 1, every ``E[Y^k] >= 0``) is used instead; terms beyond ``_CENTRAL_INT_TERMS`` are
     replaced by the bound ``E[Y^k] <= 1 + exp(c (k^2 - k))``.
     """
-    plan = _integer_plan(alphas.tobytes())
+    alphas = plan.alphas
     c = 1.0 / (2.0 * sigma * sigma)
     logq, log1mq = math.log(q), math.log1p(-q)
-    terms = plan.lb + plan.a * log1mq + plan.k * (logq - log1mq) + c * plan.kk
-    mags = plan.lb_mag - plan.a * log1mq - plan.k * logq + c * plan.kk
+    ck = c * plan.kk
+    terms = plan.lb + plan.a * log1mq + plan.k * (logq - log1mq) + ck
+    mags = plan.lb_mag - plan.a * log1mq - plan.k * logq + ck
     log_a = _ragged_lse(terms, plan.starts, plan.row, mags)
 
     small = _central_ok(q, alphas) & (log_a < _SMALL_LOG_A)
     if small.any():
-        sel = small[plan.row]
-        k_s, lb_s, kk_s, mag_s = plan.k[sel], plan.lb[sel], plan.kk[sel], plan.lb_mag[sel]
-        n_small = np.count_nonzero(small)
-        sizes = alphas[small].astype(np.int64) + 1
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.intp)
-        row = np.repeat(np.arange(n_small), sizes)
-        kc = int(min(alphas[small].max(), _CENTRAL_INT_TERMS))
+        sub = plan.subset(small)
+        k_s = sub.k
+        kc = int(min(sub.alphas[-1], _CENTRAL_INT_TERMS))
         log_m, _sgn_m, rnd_m = _moments_log(c, sigma, math.inf, kc)
         # E[Y^k] >= 0 exactly; a negative computed value is pure rounding: use its size plus
         # the rounding allowance, an upper bound either way.
         log_m = np.logaddexp(log_m, rnd_m)
-        idx = np.minimum(k_s, kc).astype(np.intp)
-        mags = mag_s - k_s * logq + np.abs(log_m[idx]) + c * kk_s
-        body = lb_s + k_s * logq + log_m[idx]
-        tail = lb_s + k_s * logq + np.logaddexp(0.0, c * kk_s)  # rigorous bound for k > kc
-        t = np.where(k_s > kc, tail, body)
+        lm = log_m[np.minimum(k_s, kc).astype(np.intp)]
+        ck_s = c * sub.kk
+        mags = sub.lb_mag - k_s * logq + np.abs(lm) + ck_s
+        head = sub.lb + k_s * logq
+        tail = np.logaddexp(0.0, ck_s)  # rigorous bound for k > kc
+        t = head + np.where(k_s > kc, tail, lm)
         t = np.where(k_s >= 2, t, -np.inf)
-        log_b = _ragged_lse(t, starts, row, mags)
+        log_b = _ragged_lse(t, sub.starts, sub.row, mags)
         log_a[small] = np.minimum(log_a[small], np.log1p(np.exp(log_b)))
     return _pad(log_a)
 
@@ -407,36 +505,38 @@ def _ragged_lse(
 
 
 def _series_with_euler_tail(
-    logs: FloatArray, signs: FloatArray, k_start: int, m: int
+    logs: FloatArray, signs: FloatArray, plan: _FractionalPlan
 ) -> tuple[FloatArray, FloatArray]:
     """Upper-bound the sum of a series whose terms alternate, with completely monotone
-    magnitudes, from index ``k_start`` on (columns ``k_start..k_start+m`` must be present).
+    magnitudes, from row ``k_start`` of each column on (rows up to ``k_start + M`` present).
 
-    Returns ``(logs, signs)`` of ``k_start + 1`` columns per row: the first ``k_start`` terms
-    as they are and the Euler-transformed tail plus its remainder bound when the tail is
-    positive; their sum ``S`` is never below the true sum (the caller adds the columns to its
+    Returns ``(logs, signs)`` with one more row: the terms before ``k_start`` as they are
+    (later rows set to -inf) and the Euler-transformed tail plus its remainder bound when the
+    tail is positive; their sum is never below the true sum (the caller adds the rows to its
     own signed sum, saving log-sum-exp passes).
     """
-    w, bw = _euler_weights(m)
-    tail_l = logs[:, k_start : k_start + m + 1]
-    scale = tail_l[:, 0]
+    w, bw = _euler_weights(_EULER_TERMS)
+    rows = plan.k_start[None, :] + np.arange(_EULER_TERMS + 1)[:, None]
+    tail_l = np.take_along_axis(logs, rows, axis=0)
+    scale = tail_l[0]
     finite = np.isfinite(scale)
     sc = np.where(finite, scale, 0.0)
-    f = np.where(finite[:, None], np.exp(tail_l - sc[:, None]), 0.0)
-    est = f @ w
-    bnd = f @ bw
+    f = np.where(finite, np.exp(tail_l - sc), 0.0)
+    est = _colsum(f * w)
     # Rounding in the m-th difference: pad by a multiple of the unit roundoff of f(K).
-    bnd = np.maximum(bnd, 0.0) + 64.0 * np.finfo(np.float64).eps * finite
-    s_k = signs[:, k_start]
+    bnd = np.maximum(_colsum(f * bw), 0.0) + 64.0 * np.finfo(np.float64).eps * finite
+    s_k = np.take_along_axis(signs, plan.k_start[None, :], axis=0)[0]
     total = est + np.where(s_k > 0, bnd, 0.0)  # tail magnitude, upper/lower by sign
     with np.errstate(divide="ignore"):
         tl = np.where(total > 0, np.log(np.abs(total)) + sc, -np.inf)
     ts = s_k * np.sign(total)
-    out_l = np.concatenate([logs[:, :k_start], tl[:, None]], axis=1)
-    return out_l, np.concatenate([signs[:, :k_start], ts[:, None]], axis=1)
+    out_l = np.concatenate([np.where(plan.head, logs, -np.inf), tl[None, :]], axis=0)
+    return out_l, np.concatenate([signs, ts[None, :]], axis=0)
 
 
-def _log_a_fractional(q: float, sigma: float, alphas: FloatArray, *, central: bool) -> FloatArray:
+def _log_a_fractional(
+    q: float, sigma: float, plan: _FractionalPlan, *, central: bool
+) -> FloatArray:
     """``log(A_alpha)`` (rounded up) for non-integer ``alpha > 1``; see the module docstring.
 
     ``B = A - 1`` is assembled from (I) the central region ``u <= _RHO`` (``z <= z_c``), where
@@ -445,13 +545,15 @@ def _log_a_fractional(q: float, sigma: float, alphas: FloatArray, *, central: bo
     ``z0 = sigma^2 log(1/q - 1) + 1/2``, minus ``E[1 + alpha u; z > z_c]`` in closed form.
     With ``central=False`` the central region is empty (``z_c = -inf``) and this is exactly
     MTZ's two-series formula for ``A - 1``: accurate relative to ``A``, hence used first; the
-    central region is needed only where ``A - 1`` is small (and ``q <= 1/2``).
+    central region is needed only where ``A - 1`` is small (and ``q <= 1/2``). Tables are laid
+    out ``[term, order]`` and summed down the columns in sequence (see :func:`_colsum`).
     """
-    plan = _fractional_plan(alphas.tobytes())
+    alphas = plan.alphas
     c = 1.0 / (2.0 * sigma * sigma)
     logq, log1mq = math.log(q), math.log1p(-q)
     n = alphas.size
-    a = alphas[:, None]
+    a = alphas[None, :]
+    ones = np.ones((1, n))
     pieces_l: list[FloatArray] = []  # signed terms of B
     pieces_s: list[FloatArray] = []
     round_l: list[FloatArray] = []  # terms whose rounding counts, with the magnitudes of the
@@ -461,76 +563,124 @@ def _log_a_fractional(q: float, sigma: float, alphas: FloatArray, *, central: bo
     if central:
         r = max(q, _RHO)
         z_c = sigma * sigma * math.log1p(_RHO / q) + 0.5
-        k1 = plan.k1
+        kc = plan.kc
+        k1 = kc.shape[0] + 2
         log_m, sgn_m, rnd_m = _moments_log(c, sigma, z_c, k1)
-        base = plan.lbc + plan.kc * logq
-        central_terms = base + log_m[2:k1]
+        base = plan.lbc + kc * logq
+        lmc = log_m[2:k1, None]
+        central_terms = base + lmc
         pieces_l.append(central_terms)
-        pieces_s.append(plan.sbc * sgn_m[2:k1])
+        pieces_s.append(plan.sbc * sgn_m[2:k1, None])
         round_l.append(central_terms)
-        round_m.append(plan.lbc_mag - plan.kc * logq + np.abs(log_m[2:k1]))
-        # Rounding of the moments themselves, added upwards (as positive columns of the
-        # final signed sum rather than through a log-sum-exp of their own).
-        pieces_l.append(base + rnd_m[2:k1])
-        pieces_s.append(np.ones((n, k1 - 2)))
+        round_m.append(plan.lbc_mag - kc * logq + np.abs(lmc))
+        # Rounding of the moments themselves, added upwards (as positive rows of the final
+        # signed sum rather than through a log-sum-exp of their own).
+        pieces_l.append(base + rnd_m[2:k1, None])
+        pieces_s.append(np.ones(base.shape))
         # |E[u^k; I]| <= r^(k-2) E[u^2; I] and |C(alpha, k)| decreases for k >= k1 > alpha.
-        rem = plan.lbk1 + (k1 - 2) * math.log(r) - math.log1p(-r) + 2 * logq + log_m[2]
-        pieces_l.append(rem[:, None])
-        pieces_s.append(np.ones((n, 1)))
+        rem = plan.lbk1 + (plan.k1 - 2) * math.log(r) - math.log1p(-r) + 2 * logq + log_m[2]
+        pieces_l.append(rem[None, :])
+        pieces_s.append(ones)
     else:
         z_c = -math.inf
 
     # (II) upper part, MTZ series with Euler-accelerated alternating tails.
     z0 = sigma * sigma * (log1mq - logq) + 0.5
     k = plan.k
-    k_start = plan.k_start
+    ckk = c * (k * k - k)
+    lb_in = np.where(plan.inside, plan.lb, -np.inf)  # terms beyond an order's last row: none
     if z_c < z0:  # IIa: z_c < z <= z0, expansion in x = q e^t / (1 - q) <= 1
         lphi = _log_ndtr_diff((z0 - k) / sigma, (z_c - k) / sigma)
-        t1 = plan.lb + a * log1mq + (k * (logq - log1mq) + c * (k * k - k) + lphi)[None, :]
-        l1, s1 = _series_with_euler_tail(t1, plan.sb, k_start, _EULER_TERMS)
+        t1 = lb_in + a * log1mq + (k * (logq - log1mq) + ckk + lphi)
+        l1, s1 = _series_with_euler_tail(t1, plan.sb, plan)
         pieces_l.append(l1)
         pieces_s.append(s1)
-        m1 = (k * (-logq) + c * (k * k - k) + np.abs(lphi))[None, :]
         round_l.append(t1)
-        round_m.append(plan.lb_mag - a * log1mq + m1)
+        round_m.append(plan.lb_mag - a * log1mq + (k * (-logq) + ckk + np.abs(lphi)))
     zb = max(z_c, z0)  # IIb: z > zb, expansion in 1/x <= 1
-    ju = plan.j_unique
-    lnu = log_ndtr((ju - zb) / sigma)
-    gu = ju * logq + c * (ju * ju - ju) + lnu
-    t2 = plan.lb + (k * log1mq)[None, :] + gu[plan.j_inverse]
-    l2, s2 = _series_with_euler_tail(t2, plan.sb, k_start, _EULER_TERMS)
+    j = a - k  # exponents alpha - k of the upper series (elementwise: same value per order)
+    lnu = log_ndtr((j - zb) / sigma)
+    cjj = c * (j * j - j)
+    t2 = lb_in + k * log1mq + (j * logq + cjj + lnu)
+    l2, s2 = _series_with_euler_tail(t2, plan.sb, plan)
     pieces_l.append(l2)
     pieces_s.append(s2)
-    mu = np.abs(ju * logq) + np.abs(c * (ju * ju - ju)) + np.abs(lnu)
     round_l.append(t2)
-    round_m.append(plan.lb_mag - (k * log1mq)[None, :] + mu[plan.j_inverse])
+    round_m.append(plan.lb_mag - k * log1mq + (np.abs(j * logq) + np.abs(cjj) + np.abs(lnu)))
 
     # minus E[1 + alpha u; z > z_c] = (1 - alpha q) Phi(-z_c/s) + alpha q Phi((1 - z_c)/s).
     one_m = 1.0 - alphas * q
     with np.errstate(divide="ignore"):
-        p0 = np.log(np.abs(one_m)) + float(log_ndtr(-z_c / sigma))
-    p1 = np.log(alphas * q) + float(log_ndtr((1.0 - z_c) / sigma))
-    pieces_l += [p0[:, None], p1[:, None]]
-    pieces_s += [-np.sign(one_m)[:, None], -np.ones((n, 1))]
-    round_l += [p0[:, None], p1[:, None]]
-    round_m += [np.abs(p0)[:, None], np.abs(p1)[:, None]]
+        p0 = (np.log(np.abs(one_m)) + float(log_ndtr(-z_c / sigma)))[None, :]
+    p1 = (np.log(alphas * q) + float(log_ndtr((1.0 - z_c) / sigma)))[None, :]
+    pieces_l += [p0, p1]
+    pieces_s += [-np.sign(one_m)[None, :], -ones]
+    round_l += [p0, p1]
+    round_m += [np.abs(p0), np.abs(p1)]
 
-    all_l = np.concatenate(pieces_l, axis=1)
-    all_s = np.concatenate(pieces_s, axis=1)
-    log_b, sgn_b = _signed_lse(all_l, all_s, axis=1)
+    log_b, sgn_b = _col_signed_lse(np.concatenate(pieces_l), np.concatenate(pieces_s))
     if np.any(sgn_b <= 0):  # pragma: no cover - B > 0 in exact arithmetic
         bad = alphas[sgn_b <= 0]
         raise PrivacyParameterError(
             f"subsampled Gaussian RDP lost all precision at orders {bad.tolist()} for "
             f"sampling_rate={q!r}, noise_multiplier={sigma!r}"
         )
-    rounding = _log_rounding(
-        np.concatenate(round_l, axis=1), np.concatenate(round_m, axis=1), axis=1
-    )
+    rounding = _log_rounding(np.concatenate(round_l), np.concatenate(round_m))
     log_b = np.logaddexp(log_b, rounding)
     with np.errstate(over="ignore"):
         log_a = np.where(log_b > 30.0, log_b + np.log1p(np.exp(-log_b)), np.log1p(np.exp(log_b)))
     return _pad(log_a)
+
+
+def _gaussian_rdp_on_grid(
+    q: float, sigma: float, grid: _GridSplit, sel: NDArray[np.bool_] | None = None
+) -> FloatArray:
+    """Poisson-subsampled Gaussian RDP at the distinct sorted orders ``grid.uniq[sel]``
+    (all of them when ``sel`` is None); arguments already validated, ``0 < q < 1``.
+
+    The value at an order does not depend on which other orders are evaluated with it.
+    """
+    uniq = grid.uniq
+    if sel is None:
+        sel = np.ones(uniq.shape, dtype=bool)
+    alphas = uniq[sel]
+    res = np.empty(alphas.shape, dtype=np.float64)
+    res[~grid.finite[sel]] = np.inf
+    two_var = 2.0 * sigma * sigma
+    with np.errstate(over="ignore"):
+        if grid.any_int:
+            s_int = sel[grid.is_int]
+            if s_int.any():
+                plan = grid.int_plan.subset(s_int)
+                res[grid.is_int[sel]] = _log_a_integer(q, sigma, plan) / (plan.alphas - 1.0)
+        if grid.any_frac:
+            s_frac = sel[grid.frac]
+            if s_frac.any():
+                fplan = grid.frac_plan.subset(s_frac)
+                af = fplan.alphas
+                # q <= 1/4: the central expansion is accurate everywhere it is allowed; above,
+                # MTZ's series alone first, the central expansion only where A - 1 is small.
+                ok = _central_ok(q, af)
+                cen = ok & (q <= 0.25)
+                log_a = np.empty(af.shape)
+                if cen.any():
+                    log_a[cen] = _log_a_fractional(q, sigma, fplan.subset(cen), central=True)
+                if not cen.all():
+                    rest = ~cen
+                    log_a[rest] = _log_a_fractional(q, sigma, fplan.subset(rest), central=False)
+                    redo = rest & ok & (log_a < _SMALL_LOG_A)
+                    if redo.any():  # both are upper bounds: keep the tighter one
+                        log_a[redo] = np.minimum(
+                            log_a[redo],
+                            _log_a_fractional(q, sigma, fplan.subset(redo), central=True),
+                        )
+                res[grid.frac[sel]] = log_a / (af - 1.0)
+    res = np.where(np.isnan(res), np.inf, res)  # only overflow can produce this
+    # Never above the Gaussian without sampling: (alpha - 1) D_alpha is convex in the first
+    # argument, so D_alpha((1-q) mu0 + q mu1 || mu0) <= q D_alpha(mu1 || mu0) <= alpha c.
+    with np.errstate(over="ignore"):
+        res = np.minimum(res, alphas / two_var)
+    return np.asarray(np.maximum(res, 0.0), dtype=np.float64)
 
 
 def poisson_subsampled_gaussian_rdp(
@@ -580,35 +730,7 @@ def poisson_subsampled_gaussian_rdp(
             out = alphas / (2.0 * sigma * sigma)  # the plain Gaussian, alpha / (2 sigma^2)
         return np.where(np.isnan(out), np.inf, out)
     grid = _grid_split(alphas.tobytes())  # order-dependent only, cached per grid
-    uniq, inverse, is_int, frac = grid.uniq, grid.inverse, grid.is_int, grid.frac
-    res = np.empty(uniq.shape, dtype=np.float64)
-    res[~grid.finite] = np.inf
-    with np.errstate(over="ignore"):
-        if grid.any_int:
-            res[is_int] = _log_a_integer(q, sigma, grid.a_int) / (grid.a_int - 1.0)
-        if grid.any_frac:
-            af = grid.a_frac
-            # q <= 1/4: the central expansion is accurate everywhere it is allowed; above,
-            # MTZ's series alone first, the central expansion only where A - 1 is small.
-            cen = _central_ok(q, af) & (q <= 0.25)
-            log_a = np.empty(af.shape)
-            if cen.any():
-                log_a[cen] = _log_a_fractional(q, sigma, af[cen], central=True)
-            if not cen.all():
-                rest = ~cen
-                log_a[rest] = _log_a_fractional(q, sigma, af[rest], central=False)
-                redo = rest & _central_ok(q, af) & (log_a < _SMALL_LOG_A)
-                if redo.any():  # both are upper bounds: keep the tighter one
-                    log_a[redo] = np.minimum(
-                        log_a[redo], _log_a_fractional(q, sigma, af[redo], central=True)
-                    )
-            res[frac] = log_a / (af - 1.0)
-    res = np.where(np.isnan(res), np.inf, res)  # only overflow can produce this
-    # Never above the Gaussian without sampling: (alpha - 1) D_alpha is convex in the first
-    # argument, so D_alpha((1-q) mu0 + q mu1 || mu0) <= q D_alpha(mu1 || mu0) <= alpha c.
-    with np.errstate(over="ignore"):
-        res = np.minimum(res, uniq / two_var)
-    return np.asarray(np.maximum(res, 0.0)[inverse], dtype=np.float64)
+    return _gaussian_rdp_on_grid(q, sigma, grid)[grid.inverse]
 
 
 # --------------------------------------------------------------------------------------------
