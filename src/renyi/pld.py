@@ -80,11 +80,15 @@ _LOGCDF_ULPS = 32.0  # assumed accuracy of scipy's log_ndtr, in ulps of |log val
 _FFT_C = 8.0  # constant of the a-priori FFT round-off model, per butterfly level
 _KAPPA = 1e-10  # relative safety margin applied to every reported delta
 _MAX_BINS = 1 << 22  # largest grid a composition may produce before coarsening
+DEFAULT_MAX_BINS = 1 << 17  # default cap on a self-composition's FFT window (see _plan)
+_SMALL_POWER = 16  # powers up to this use repeated complex multiplication
+_COARSEN_GUARD = 8  # a level may coarsen G-fold only if its inputs hold >= 8 k G^2 steps
 _DELTA_REFS = (1e-12,)  # tilts make the round-off relative around these deltas
 _ALIAS_TARGET = 1e-11  # tilted-space mass allowed to wrap around the FFT window
 _STEP_TAIL_FACTOR = 1e-10  # a single step is truncated at tail_mass * 1e-10 (T steps add up)
 _ALT_TILTS = np.concatenate(([0.0], np.geomspace(0.03, 30.0, 13)))  # for propagated errors
 _S_GRID = np.geomspace(1e-3, 3e3, 23)  # orders for Chernoff bounds and the tilt
+_S_ALL = np.concatenate((-_S_GRID[::-1], [0.0], _S_GRID))  # exact MGFs at these orders
 _LOG_HALF = math.log(0.5)
 
 
@@ -117,6 +121,14 @@ def _sum_up(x: FloatArray) -> float:
 def _sum_down(x: FloatArray) -> float:
     """A lower bound on the exact sum of non-negative floats."""
     return float(np.sum(x)) * (1.0 - (x.size + 2) * _U)
+
+
+def _lse(values: Sequence[float]) -> float:
+    """``log sum exp`` of a few floats (scipy's logsumexp costs ~0.1 ms per call)."""
+    top = max(values, default=-math.inf)
+    if top == -math.inf or top == math.inf:
+        return top
+    return top + math.log(math.fsum(math.exp(v - top) for v in values))
 
 
 def _log1mexp(x: FloatArray) -> FloatArray:
@@ -155,11 +167,14 @@ class _ErrTerm:
     def delta_error(self, eps: FloatArray) -> FloatArray:
         """Bound on the change of ``delta(eps)`` this error can cause (only ``L > eps`` count)."""
         x = np.maximum(np.minimum(eps, self.hi), self.lo)
-        best = np.full(np.shape(eps), np.inf)
+        lams, log_ws = self.arrays
         with np.errstate(over="ignore"):
-            for lt, lw in zip(self.lams, self.log_ws, strict=True):
-                best = np.minimum(best, np.exp(lw - lt * x))
-        return np.where(eps >= self.hi, 0.0, best)
+            best = np.exp(np.min(log_ws[:, None] - lams[:, None] * np.ravel(x)[None, :], axis=0))
+        return np.where(eps >= self.hi, 0.0, best.reshape(np.shape(eps)))
+
+    @cached_property
+    def arrays(self) -> tuple[FloatArray, FloatArray]:
+        return np.asarray(self.lams, dtype=np.float64), np.asarray(self.log_ws, dtype=np.float64)
 
 
 def _term(
@@ -175,7 +190,7 @@ def _merge(terms: Sequence[_ErrTerm], limit: int = 12) -> tuple[_ErrTerm, ...]:
         return tuple(terms)
     lams = sorted({lt for t in terms for lt in t.lams})
     lo, hi = min(t.lo for t in terms), max(t.hi for t in terms)
-    log_ws = [float(logsumexp([t.at(lam) for t in terms])) for lam in lams]
+    log_ws = [_lse([t.at(lam) for t in terms]) for lam in lams]
     return (_term(lams, log_ws, lo, hi),)
 
 
@@ -252,19 +267,214 @@ def _stitch(
             owner[seg] = np.where(better, j, cur)
     probs = np.zeros(n)
     terms: list[_ErrTerm] = []
-    for j, (lam, lz, e, r) in enumerate(runs):  # a handful of tilts
-        idx = np.flatnonzero(owner == j)
-        if idx.size == 0:
-            continue
-        seg = slice(int(idx[0]), int(idx[-1]) + 1)
-        mine = owner[seg] == j
+    # one error term per contiguous piece a run owns (each bounded on its own narrow range)
+    cuts = np.flatnonzero(np.diff(owner)) + 1
+    starts = np.concatenate(([0], cuts))
+    ends = np.concatenate((cuts, [n]))
+    for i0, i1 in zip(starts.tolist(), ends.tolist(), strict=True):
+        lam, lz, e, r = runs[int(owner[i0])]
+        seg = slice(i0, i1)
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             logv = np.log(np.maximum(r[seg], 0.0)) + lz - lam * out_losses[seg]
-            vals = np.exp(np.minimum(logv, log_cap))
-        probs[seg] = np.where(mine, vals, probs[seg])
-        ls = out_losses[seg]
-        terms.append(_term([lam], [math.log(max(e, 1e-300)) + lz], float(ls[0]), float(ls[-1])))
+            probs[seg] = np.exp(np.minimum(logv, log_cap))
+        terms.append(
+            _term(
+                [lam],
+                [math.log(max(e, 1e-300)) + lz],
+                float(out_losses[i0]),
+                float(out_losses[i1 - 1]),
+            )
+        )
     return probs, terms
+
+
+def _tilted_rfft(side: _Side, lam: float, lm: float, n_fft: int, g: float) -> tuple[Any, float]:
+    """rfft of the masses tilted by ``exp(lam L - lm)`` (folded cyclically onto ``n_fft``
+    points) and a bound on the absolute error of each coefficient."""
+    with np.errstate(over="ignore", under="ignore"):
+        t = np.exp(side.log_probs + lam * side.losses - lm)
+    folds = 1
+    if side.size > n_fft:
+        folds = -(-side.size // n_fft)
+        pad = np.zeros(folds * n_fft)
+        pad[: side.size] = t
+        base = pad.reshape(folds, n_fft).sum(axis=0)
+    else:
+        base = t
+    tot = float(np.sum(t))
+    return sfft.rfft(base, n_fft), (g + (folds + 1) * _U) * tot
+
+
+def _fft_power(z: Any, gz: float, T: int) -> tuple[Any, FloatArray]:
+    """``z**T`` per coefficient and a bound on its error, given errors ``<= gz`` in ``z``.
+
+    Small powers by repeated complex multiplication (relative error of each product
+    ``<= sqrt(5) u``, Brent, Percival & Zimmermann 2007); large ones through polar form
+    (error of the exponent ``T (|log|z|| + pi) u``). The input error propagates as
+    ``T gz (|z| + gz)^(T-1)``. Coefficients whose power cannot exceed ``e^-700`` are set to 0
+    (the caller's constant term covers them).
+    """
+    absz = np.abs(z)
+    if T <= _SMALL_POWER:  # binary powering: at most 2 log2(T) products
+        w: Any = None
+        sq, e, mults = z, T, 0
+        while e:
+            if e & 1:
+                w = sq if w is None else w * sq
+                mults += 1
+            e >>= 1
+            if e:
+                sq = sq * sq
+                mults += 1
+        with np.errstate(under="ignore"):
+            pow_in = T * gz * (absz + gz) ** (T - 1)
+        return w, pow_in + _FFT_C * _U * (mults + 1) * np.abs(w)
+    w = np.zeros_like(z)
+    err = np.zeros(z.size)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
+        keep = np.flatnonzero((T - 1) * np.log(absz + gz) > -700.0)
+        zk, ak = z[keep], absz[keep]
+        log_abs = np.log(ak)
+        mag = np.exp(T * log_abs)
+        phase = T * np.angle(zk)
+        w[keep] = np.where(ak > 0, mag * (np.cos(phase) + 1j * np.sin(phase)), 0.0)
+        pow_in = T * gz * np.exp((T - 1) * np.log(ak + gz))
+        pow_own = np.where(ak > 0, _FFT_C * _U * (1.0 + T * (np.abs(log_abs) + math.pi)) * mag, 0.0)
+    err[keep] = pow_in + pow_own
+    return w, err
+
+
+def _composed_inf(factors: Sequence[tuple[float, float, int]], pessimistic: bool) -> float:
+    """Mass at ``+inf`` of a composition of ``(finite, infinite, count)`` factors:
+    ``prod tot^c - prod fin^c``, computed without cancellation, rounded outward."""
+    log_tot, log_keep, n = 0.0, 0.0, 0
+    for fin, inf, c in factors:
+        tot = fin + inf
+        if tot <= 0.0:
+            return 0.0
+        log_tot += c * math.log(tot)
+        log_keep += c * math.log1p(-min(inf / tot, 1.0)) if inf < tot else -math.inf
+        n += c
+    val = math.exp(log_tot) * -math.expm1(log_keep)
+    if pessimistic:
+        return min(val * (1 + 16 * _U * (n + 2)), 1.0)
+    return min(val * (1 - 16 * _U * (n + 2)), 1.0)
+
+
+def _regrid(side: _Side, h: float) -> _Side:
+    """``side`` on the coarser grid ``h`` (an integer multiple of its own)."""
+    if side.h == h:
+        return side
+    ratio = h / side.h
+    factor = round(ratio)
+    if factor < 1 or abs(ratio - factor) > 1e-9 * ratio:
+        raise fail(
+            "value_discretization_interval",
+            (side.h, h),
+            "equal intervals, or one an integer multiple of the other",
+        )
+    return replace(side.coarsen(factor), h=h)
+
+
+class _Plan(NamedTuple):
+    """How to compute ``step^count``: one FFT power ``step^t0`` on the step's grid, then one
+    level per digit of ``count - t0 m^k`` in base ``m``: coarsen by ``factor``, raise to the
+    ``m``-th power and convolve with ``step^digit``. ``taus`` are the tail budgets of the
+    stages (direct power first), ``extra_tau`` that of each ``step^digit``."""
+
+    total: int
+    t0: int
+    m: int
+    levels: tuple[tuple[int, int], ...]
+    taus: tuple[float, ...]
+    extra_tau: float
+
+
+def _plan(step: _Side, count: int, tail_mass: float, max_bins: int) -> _Plan:
+    """Choose how to compute ``step^count`` with FFT windows of at most ``max_bins`` points.
+
+    Window widths are predicted by Chernoff bounds on the step's exact MGF. If the whole
+    composition fits, it is one FFT power on the step's grid. Otherwise the largest count
+    ``t0_max`` that fits is found, the rest of the count is covered by ``k`` levels of base
+    ``m <= 16`` (``m^k >= count / t0_max``, so ``t0 = count // m^k`` fits), and every level
+    coarsens by the smallest power of two that keeps its window within ``max_bins / 4``
+    (a few thousand points per standard deviation of the composed loss). Coarsening late
+    is cheap in accuracy: the discretisation error of a grid ``H`` grows like
+    ``count * H^2``, and the direct power has already composed ``t0`` steps on the fine
+    grid. The direct power may always use ``2 * step.size`` points (coarsening before the
+    first composition would cost accuracy for nothing). A truncation at stage ``j`` is
+    repeated by the ``m^(k-j)`` copies composed after it, so the stage budgets shrink
+    accordingly and sum to at most ``tail_mass``.
+    """
+    cap = min(max_bins, _MAX_BINS)
+    direct_cap = max(cap, min(2 * step.size, _MAX_BINS))
+    level_cap = max(cap // 4, 256)
+    lm = step.mgf_table
+    h = step.h
+    nat_lo, nat_hi = step.offset * h, (step.offset + step.size - 1) * h
+    up, dn = _S_ALL > 0, _S_ALL < 0
+
+    def width(c: int, tau: float) -> float:
+        lt = math.log(tau)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            hi = float(np.min((c * lm[up] - lt) / _S_ALL[up], initial=np.inf))
+            lo = float(np.max((c * lm[dn] - lt) / _S_ALL[dn], initial=-np.inf))
+        return (min(hi, c * nat_hi) - max(lo, c * nat_lo)) / h + 1.0
+
+    if count <= 1 or width(count, tail_mass) <= direct_cap:
+        return _Plan(count, count, 1, (), (tail_mass,), tail_mass)
+    small_tau = tail_mass / (2 * count)
+
+    def largest_fitting(limit: float) -> int:  # bisection: widths grow with the count
+        lo_c, hi_c = 1, count
+        while hi_c - lo_c > 1:
+            mid = (lo_c + hi_c) // 2
+            lo_c, hi_c = (mid, hi_c) if width(mid, small_tau) <= limit else (lo_c, mid)
+        return lo_c
+
+    def levels_for(t0_max: int) -> int:
+        return max(1, math.ceil(math.log(count / t0_max) / math.log(16.0) - 1e-12))
+
+    t0_max = largest_fitting(direct_cap)
+    # Coarsening the grid G-fold at a level whose inputs hold c steps each adds about
+    # G^2 / c times the fine grid's discretisation error (per level, k levels): allowed only
+    # while G^2 <= c / (_COARSEN_GUARD k). Below that the direct power goes on (up to the
+    # hard window limit) rather than coarsen too early.
+    c_min = 4 * _COARSEN_GUARD * levels_for(t0_max)
+    if t0_max < c_min:
+        t0_max = max(t0_max, min(c_min, largest_fitting(_MAX_BINS)))
+        if t0_max >= count:
+            return _Plan(count, count, 1, (), (tail_mass,), tail_mass)
+    k = levels_for(t0_max)
+    ratio = count / t0_max
+    m = max(2, math.ceil(ratio ** (1.0 / k) - 1e-12))
+    while m**k * t0_max < count:  # guard against rounding
+        m += 1
+    unit = tail_mass / (2 * (k + 1))
+    taus = tuple(unit / m ** (k - j) for j in range(k + 1))
+    extra_tau = unit / (2 * m**k)
+    t0 = count // m**k
+    rest = count - t0 * m**k
+    digits = [(rest // m ** (k - 1 - j)) % m for j in range(k)]
+    levels = []
+    c, grid = t0, 1
+    for j, d in enumerate(digits, start=1):
+        g_max = max(grid, 1 << math.floor(0.5 * math.log2(max(c / (_COARSEN_GUARD * k), 1.0))))
+        w = width(m * c + d, taus[j]) / grid
+        f = 1
+        while w / f > level_cap and grid * f * 2 <= g_max:
+            f *= 2
+        levels.append((d, f))
+        grid *= f
+        c = m * c + d
+    # leading levels that do not coarsen are cheaper as part of the direct power
+    while levels and levels[0][1] == 1 and width(m * t0 + levels[0][0], taus[0]) <= _MAX_BINS:
+        t0 = m * t0 + levels[0][0]
+        levels.pop(0)
+        taus = taus[:1] + taus[2:]  # the direct stage keeps the smallest budget
+    if not levels:
+        return _Plan(count, count, 1, (), (tail_mass,), tail_mass)
+    return _Plan(count, t0, m, tuple(levels), taus, extra_tau)
 
 
 # ---------------------------------------------------------------------------------------
@@ -313,8 +523,17 @@ class _Side:
         ``exp(s L_chunk)``, so the sums become one matrix product with ``exp(s r h)``.
         """
         s = np.atleast_1d(np.asarray(s, dtype=np.float64))
-        smax = max(float(np.max(np.abs(s))), 1e-300)
-        c = int(np.clip(math.floor(40.0 / (smax * self.h)), 1, 128))
+        # orders of similar size share a chunk length (a power of two, e^(s c h) <= e^40)
+        with np.errstate(divide="ignore"):
+            raw = np.floor(40.0 / (np.abs(s) * self.h))
+        c_of = np.exp2(np.floor(np.log2(np.clip(raw, 1, 128)))).astype(np.int64)
+        out = np.empty(s.shape)
+        for c in np.unique(c_of).tolist():  # a few groups
+            sel = c_of == c
+            out[sel] = self._log_mgf_chunked(s[sel], int(c))
+        return out + 1e-12
+
+    def _log_mgf_chunked(self, s: FloatArray, c: int) -> FloatArray:
         n_chunks = -(-self.size // c)
         pad = np.zeros(n_chunks * c)
         pad[: self.size] = self.probs
@@ -324,7 +543,7 @@ class _Side:
         start = (self.offset + np.arange(n_chunks) * c) * self.h
         with np.errstate(divide="ignore"):
             logs = np.log(sums) + start[:, None] * s[None, :]
-        return np.asarray(logsumexp(logs, axis=0)) + 1e-12
+        return np.asarray(logsumexp(logs, axis=0))
 
     def grid_range(self) -> tuple[float, float]:
         return float(self.losses[0]), float(self.losses[-1])
@@ -519,7 +738,7 @@ class _Side:
 
     def _error_log_w(self, lam: float) -> float:
         vals = [t.at(lam) for t in self.errors]
-        return float(logsumexp(vals)) if vals else -np.inf
+        return _lse(vals)
 
     def _err_range(self) -> tuple[float, float]:
         glo, ghi = self.grid_range()
@@ -527,50 +746,126 @@ class _Side:
         his = [ghi, self.support[1]] + [t.hi for t in self.errors]
         return min(los), max(his)
 
-    def self_compose(self, count: int, tail_mass: float, tilt: float | None) -> _Side:
+    @cached_property
+    def mgf_table(self) -> FloatArray:
+        """``log_mgf`` at ``_S_ALL``, the orders of every Chernoff bound (computed once)."""
+        return self.log_mgf(_S_ALL)
+
+    def self_compose(self, plan: _Plan, tail_mass: float, tilt: float | None) -> _Side:
+        """``self`` composed ``plan.total`` times, following ``plan`` (see :func:`_plan`).
+
+        One FFT power ``self^t0`` on the grid ``h``; then every level coarsens by a power of
+        two (if its window would exceed the cap) and raises to the ``plan.m``-th power, times
+        ``self^digit`` (regridded) for the base-``m`` digits of the rest of the count.
+        """
+        count = plan.total
         if count == 1:
             return self
         if count == 0:
             return _identity_side(self.pessimistic, self.h)
+        if not plan.levels:  # one FFT power on the fine grid
+            return self._power_fitting(count, tail_mass, tilt, None)
+        lm_pos = self.mgf_table[_S_GRID.size + 1 :]
+        lam_max = _tilts(count * lm_pos, 1, tilt)[-1]  # one tilt target for every stage
+        side = self
+        if plan.t0 > 1:
+            side = self._power_fitting(plan.t0, plan.taus[0], tilt, lam_max)
+        powers: dict[int, _Side] = {1: self}
+        regridded: dict[tuple[int, float], _Side] = {}
+        for (digit, factor), tau in zip(plan.levels, plan.taus[1:], strict=True):
+            side = side.coarsen(factor)
+            extra = None
+            if digit:
+                if digit not in powers:
+                    powers[digit] = self._power_fitting(digit, plan.extra_tau, tilt, lam_max)
+                key = (digit, side.h)
+                if key not in regridded:
+                    regridded[key] = _regrid(powers[digit], side.h)
+                extra = regridded[key]
+            side = side._power_fitting(plan.m, tau, tilt, lam_max, extra)
+        return side
+
+    def _power_fitting(
+        self,
+        count: int,
+        tail_mass: float,
+        tilt: float | None,
+        lam_max: float | None,
+        extra: _Side | None = None,
+    ) -> _Side:
+        """:meth:`_power`, coarsening the inputs first if the window cannot fit in memory."""
         side = self
         for _ in range(64):
-            result = side._self_compose_window(count, tail_mass, tilt)
+            result = side._power(count, tail_mass, tilt, lam_max, extra)
             if isinstance(result, _Side):
                 return result
             side = side.coarsen(result)
+            if extra is not None:
+                extra = _regrid(extra, side.h)
         raise fail("count", count, "a count whose composition fits in memory")  # pragma: no cover
 
-    def _self_compose_window(self, count: int, tail_mass: float, tilt: float | None) -> Any:
+    def _power(
+        self,
+        count: int,
+        tail_mass: float,
+        tilt: float | None,
+        lam_max: float | None,
+        extra: _Side | None = None,
+    ) -> _Side | int:
+        """``self^count`` (convolved once with ``extra``, on the same grid, if given) by one
+        FFT power over a Chernoff window; a power-of-two coarsening factor instead if that
+        window would exceed ``_MAX_BINS``.
+
+        Tilts: 0 and the largest useful one ``<= lam_max`` (default: the Chernoff-optimal
+        order for ``delta = 1e-12`` of this composition) whose window stays affordable.
+        """
         T = count
-        losses = self.losses
-        k0 = self.offset
-        h = self.h
-        g_pos = _S_GRID
-        s_all = np.concatenate((-g_pos[::-1], [0.0], g_pos))  # exact MGFs at these orders
-        lm_all = self.log_mgf(s_all)
-        n_g = g_pos.size
-        lm_pos = lm_all[n_g + 1 :]
-        lams = _tilts(lm_pos, T, tilt)
+        h, k0 = self.h, self.offset
+        n_g = _S_GRID.size
+        lm_tab = self.mgf_table
+        if extra is None:
+            lm_all = T * lm_tab
+            nat_lo, nat_hi = T * k0, T * (k0 + self.size - 1)
+        else:
+            lm_all = T * lm_tab + extra.mgf_table
+            nat_lo = T * k0 + extra.offset
+            nat_hi = T * (k0 + self.size - 1) + extra.offset + extra.size - 1
+        lams = _tilts(lm_all[n_g + 1 :], 1, tilt)
+        if tilt is None and lam_max is not None:
+            lams = [0.0, float(lam_max)]
         log_tau = math.log(tail_mass)
         log_al = math.log(_ALIAS_TARGET)
-        nat_lo, nat_hi = T * k0, T * (k0 + self.size - 1)
 
-        lm_known = {float(g): float(v) for g, v in zip(g_pos, lm_pos, strict=True)}
+        known: dict[float, tuple[float, float]] = {}
+        for i, s in enumerate(_S_ALL):
+            known[float(s)] = (
+                float(lm_tab[i]),
+                float(extra.mgf_table[i]) if extra is not None else 0.0,
+            )
 
-        def lm_of(lam: float) -> float:
-            if lam not in lm_known:
-                lm_known[lam] = float(self.log_mgf(np.array([lam]))[0])
-            return lm_known[lam]
+        def parts(lam: float) -> tuple[float, float]:
+            """(log-MGF of self, of extra) at ``lam``: upper bounds within 1e-12."""
+            if lam not in known:
+                arr = np.array([lam])
+                known[lam] = (
+                    float(self.log_mgf(arr)[0]),
+                    float(extra.log_mgf(arr)[0]) if extra is not None else 0.0,
+                )
+            return known[lam]
 
         def window(lam: float, log_target: float) -> tuple[int, int, FloatArray, FloatArray]:
-            """Chernoff window of the tilt-``lam`` distribution: (k_lo, k_hi, up, down) where
-            ``up(x) = log`` of the bound on mass ``>= x`` as (order, value) rows."""
-            lm_lam = lm_of(lam) - 3e-12 if lam else 0.0
-            sp = s_all - lam
+            """Chernoff window of the tilt-``lam`` distribution: (k_lo, k_hi, up, down) with
+            ``up``/``down`` the (order, log-MGF) rows bounding the mass beyond a point."""
+            if lam:
+                ls, le = parts(lam)
+                lm_lam = T * (ls - 3e-12) + ((le - 3e-12) if extra is not None else 0.0)
+            else:
+                lm_lam = 0.0
+            sp = _S_ALL - lam
             keep_up = sp > 0
             keep_dn = sp < 0
-            up_s, up_v = sp[keep_up], T * (lm_all[keep_up] - lm_lam)
-            dn_s, dn_v = -sp[keep_dn], T * (lm_all[keep_dn] - lm_lam)
+            up_s, up_v = sp[keep_up], lm_all[keep_up] - lm_lam
+            dn_s, dn_v = -sp[keep_dn], lm_all[keep_dn] - lm_lam
             with np.errstate(invalid="ignore", divide="ignore"):
                 hi_x = float(np.min((up_v - log_target) / up_s, initial=np.inf))
                 lo_x = float(np.max(-(dn_v - log_target) / dn_s, initial=-np.inf))
@@ -586,11 +881,11 @@ class _Side:
         out_lo, out_hi, out_up, out_dn = window(0.0, log_tau)
         width = out_hi - out_lo + 1
         if width > _MAX_BINS:
-            return math.ceil(width * 1.02 / _MAX_BINS)
+            return 1 << math.ceil(math.log2(width * 1.02 / _MAX_BINS))
         K = np.arange(out_lo, out_hi + 1)
         out_l = K * h
         if tilt is None:  # the largest useful tilt whose window stays affordable
-            cands = g_pos[g_pos <= lams[-1]][::-1]
+            cands = _S_GRID[_S_GRID <= lams[-1]][::-1]
             lams = [0.0]
             for lam_c in cands:
                 c_lo, c_hi, _, _ = window(float(lam_c), log_al)
@@ -602,69 +897,74 @@ class _Side:
             w_lo, w_hi, up, dn = window(lam, log_al)
             if lam == 0.0:
                 w_lo, w_hi = out_lo, out_hi
+            elif w_hi < out_hi and out_hi - w_lo + 1 <= width + width // 4 + 1024:
+                w_hi = out_hi  # tilted accuracy up to the top of the window (later levels)
             alias = outside(w_lo, w_hi, up, dn)
             if w_hi - w_lo + 1 > _MAX_BINS or w_hi < out_lo or w_lo > out_hi:
                 continue  # this tilt would not help: the others cover the window
             n_fft = sfft.next_fast_len(w_hi - w_lo + 1, real=True)
-            lm = lm_of(lam) if lam else float(lm_all[n_g])
-            with np.errstate(over="ignore", under="ignore"):
-                t = np.exp(self.log_probs + lam * losses - lm)
-            base = np.zeros(n_fft)
-            if self.size > n_fft:
-                np.add.at(base, np.arange(self.size) % n_fft, t)
-            else:
-                base[: self.size] = t
-            z = sfft.rfft(base)
+            ls, le = parts(lam) if lam else (float(lm_tab[n_g]), 0.0)
+            if extra is not None and not lam:
+                le = float(extra.mgf_table[n_g])
             g = _fft_level_error(n_fft)
-            gz = g * float(np.sum(t))
-            absz = np.abs(z)
-            with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
-                # only coefficients whose power can exceed e^-700 matter; the others are
-                # bounded together by the constant added to e_fft below
-                keep = np.flatnonzero((T - 1) * np.log(absz + gz) > -700.0)
-                zk, ak = z[keep], absz[keep]
-                log_abs = np.log(ak)
-                mag = np.exp(T * log_abs)
-                phase = T * np.angle(zk)
-                w = np.zeros_like(z)
-                w[keep] = np.where(ak > 0, mag * (np.cos(phase) + 1j * np.sin(phase)), 0.0)
-                pow_in = T * gz * np.exp((T - 1) * np.log(ak + gz))
-                pow_own = np.where(
-                    ak > 0, _FFT_C * _U * (1.0 + T * (np.abs(log_abs) + math.pi)) * mag, 0.0
-                )
-            wts = _rfft_weights(n_fft, z.size)[keep]
-            e_fft = float(np.sum(wts * (pow_in + pow_own)))
-            e_fft += g * float(np.sum(wts * mag)) + 4.0 * _U * n_fft + 1e-250
+            z, gz = _tilted_rfft(self, lam, ls, n_fft, g)
+            w, err = _fft_power(z, gz, T)
+            if extra is not None:
+                ze, gze = _tilted_rfft(extra, lam, le, n_fft, g)
+                err = err * (np.abs(ze) + gze) + np.abs(w) * gze
+                w = w * ze
+                err = err + 4.0 * _U * np.abs(w)
+            wts = _rfft_weights(n_fft, z.size)
+            e_fft = float(np.sum(wts * err)) + g * float(np.sum(wts * np.abs(w)))
+            e_fft += 4.0 * _U * n_fft + 1e-250
             r_cyc = sfft.irfft(w, n_fft)
             r = np.full(K.size, np.nan)
             a, b = max(w_lo, out_lo), min(w_hi, out_hi)
-            start = (a - T * k0) % n_fft  # cyclic position of the composed index a
+            start = (a - nat_lo) % n_fft  # cyclic position of the composed index a
             r[a - out_lo : b - out_lo + 1] = np.roll(r_cyc, -start)[: b - a + 1]
-            scale = 4.0 * _U * (1.0 + T * abs(lm) + lam * float(np.max(np.abs(out_l))))
+            log_z = T * ls + le
+            scale = 4.0 * _U * (1.0 + T * abs(ls) + abs(le) + lam * float(np.max(np.abs(out_l))))
             e_tilted = e_fft + scale * float(np.sum(np.abs(r[a - out_lo : b - out_lo + 1]))) + alias
-            runs.append((lam, T * lm, e_tilted, r))
-        fin = self.finite_mass**T
+            runs.append((lam, log_z, e_tilted, r))
+        fin = self.finite_mass**T * (extra.finite_mass if extra is not None else 1.0)
         log_cap = math.log(max(fin, 1e-300)) + 1e-9
         probs, errs = _stitch(runs, np.asarray(out_l, dtype=np.float64), log_cap)
-        # the base's own error, propagated: (M + W)^T - M^T in each tilted norm
+        # the inputs' own errors, propagated: for computed C = X + E (norms M, W at a tilt),
+        # |C^T Ce - X^T Xe| <= T W (M + W)^(T-1) Me + (M + W)^T We, in each tilted norm
         elo, ehi = self._err_range()
+        rng_lo, rng_hi = T * elo, T * ehi
+        if extra is not None:
+            xlo, xhi = extra._err_range()
+            rng_lo, rng_hi = rng_lo + xlo, rng_hi + xhi
+        # at every order of the Chernoff grid (their MGFs are known): later compositions
+        # and queries then never re-express a bound across a wide range of losses
+        prop_lams = sorted({0.0, *lams, *(float(s) for s in _S_GRID)})
         prop_l: list[float] = []
         prop_w: list[float] = []
-        for lam in lams:
+        for lam in prop_lams:
             base_w = self._error_log_w(lam)
-            if base_w > -np.inf:
-                lm = float(self.log_mgf(np.array([lam]))[0])
-                prop = math.expm1(T * math.log1p(math.exp(base_w - lm)))
-                prop_l.append(lam)
-                prop_w.append(T * lm + math.log(prop) if prop > 0 else -np.inf)
+            ext_w = extra._error_log_w(lam) if extra is not None else -np.inf
+            if base_w == -np.inf and ext_w == -np.inf:
+                continue
+            ls, le = parts(lam) if lam else (float(lm_tab[n_g]), 0.0)
+            if extra is not None and not lam:
+                le = float(extra.mgf_table[n_g])
+            log_mw = float(np.logaddexp(ls, base_w))  # log (M + W)
+            pieces = [math.log(T) + base_w + (T - 1) * log_mw + le]
+            if ext_w > -np.inf:
+                pieces.append(T * log_mw + ext_w)
+            prop_l.append(lam)
+            prop_w.append(_lse(pieces) + 1e-12)
         if prop_l:
-            errs.append(_term(prop_l, prop_w, T * elo, T * ehi))
-        tot = self.finite_mass + self.inf_mass
-        inf = tot**T - fin if self.inf_mass > 0 else 0.0
+            errs.append(_term(prop_l, prop_w, rng_lo, rng_hi))
+        inf = _composed_inf(
+            [(self.finite_mass, self.inf_mass, T)]
+            + ([(extra.finite_mass, extra.inf_mass, 1)] if extra is not None else []),
+            self.pessimistic,
+        )
         if self.pessimistic:
-            inf = inf * (1 + 8 * _U * T) + outside(out_lo, out_hi, out_up, out_dn) * (1 + 1e-9)
-        else:
-            inf = min(inf * (1 - 8 * _U * T), 1.0)
+            inf = inf + outside(out_lo, out_hi, out_up, out_dn) * (1 + 1e-9)
+        x_sup = extra.support if extra is not None else (0.0, 0.0)
         return _trim(
             _Side(
                 self.pessimistic,
@@ -674,9 +974,9 @@ class _Side:
                 fin,
                 inf,
                 _merge(errs),
-                (T * self.support[0], T * self.support[1]),
-                T * self.hoeffding_var,
-                T * self.shift,
+                (T * self.support[0] + x_sup[0], T * self.support[1] + x_sup[1]),
+                T * self.hoeffding_var + (extra.hoeffding_var if extra is not None else 0.0),
+                T * self.shift + (extra.shift if extra is not None else 0.0),
             )
         )
 
@@ -726,8 +1026,9 @@ class _Side:
             wb = np.array([u.at(float(x)) for x in alt])
             errs.append(_term(alt, wb + ma, u.lo + a_glo, u.hi + a_ghi))
         if a.pessimistic:
-            tot = (a.finite_mass + a.inf_mass) * (b.finite_mass + b.inf_mass)
-            inf = max(tot - fin, 0.0) * (1 + 8 * _U)
+            inf = _composed_inf(
+                [(a.finite_mass, a.inf_mass, 1), (b.finite_mass, b.inf_mass, 1)], True
+            )
         else:  # finite totals of the optimistic side may be slight overestimates
             fa, fb = a.finite_mass * (1 - 1e-9), b.finite_mass * (1 - 1e-9)
             inf = min(a.inf_mass * b.inf_mass + a.inf_mass * fb + fa * b.inf_mass, 1.0)
@@ -1579,21 +1880,36 @@ class PrivacyLossDistribution:
             f"({self.description}) + ({other.description})",
         )
 
-    def self_compose(self, count: int, *, tilt: float | None = None) -> PrivacyLossDistribution:
-        """PLD of ``count`` independent runs, by one FFT raised to the power ``count``.
+    def self_compose(
+        self, count: int, *, tilt: float | None = None, max_bins: int = DEFAULT_MAX_BINS
+    ) -> PrivacyLossDistribution:
+        """PLD of ``count`` independent runs, by FFT powers: cost ``O(log count)`` FFTs.
 
-        The FFT window is chosen by Chernoff bounds so that at most ``tail_mass`` escapes it
-        (charged to ``+inf`` in the upper bound); cost is ``O(N log N)`` with ``N`` the width
-        of that window (growing like ``sqrt(count)``), not with ``count``. If the window would
-        exceed ``2**22`` points the grid is coarsened first (pessimistically), so huge counts
-        still give a sound, finite answer at a coarser resolution. ``tilt`` fixes the
-        exponential tilt of the round-off control (default: chosen automatically).
+        If the composed distribution fits in ``max_bins`` grid points (Chernoff window: at
+        most ``tail_mass`` escapes it, charged to ``+inf`` in the upper bound), it is one FFT
+        raised to the power ``count`` on this PLD's grid, exactly as before. Otherwise a
+        ladder: one FFT power ``step^t0`` on the step's grid (window up to
+        ``max(max_bins, 2 * support_size)``), then for each base-4 digit ``d`` of the rest
+        of the count, ``A <- coarsen(A)^4 * step^d``, coarsening by powers of two so that no
+        window exceeds ``max_bins`` points. The spread of the composed loss grows like
+        ``sqrt(count)``, so the grid grows with it (the result's
+        :attr:`value_discretization_interval`) and the number of grid points per standard
+        deviation stays roughly constant; coarsening is rigorous (connect-the-dots above,
+        mean-preserving rounding below), and late coarsening costs little accuracy
+        (discretisation error of a grid ``H`` grows like ``count * H^2``). ``max_bins``
+        (1024 to ``2**22``, default ``2**16``) trades time for accuracy; ``2**22``
+        effectively disables the ladder. ``tilt`` fixes the exponential tilt of the
+        round-off control (default: chosen automatically).
         """
         n = check_int("count", count, 0)
         tl = _check_tilt(tilt)
+        mb = check_int("max_bins", max_bins, 1024)
+        if mb > 1 << 22:
+            raise fail("max_bins", max_bins, f"an integer in [1024, {1 << 22}]")
+        plan = _plan(self.upper_side, n, self.tail_mass, mb)
         return PrivacyLossDistribution(
-            self.upper_side.self_compose(n, self.tail_mass, tl),
-            self.lower_side.self_compose(n, self.tail_mass, tl),
+            self.upper_side.self_compose(plan, self.tail_mass, tl),
+            self.lower_side.self_compose(plan, self.tail_mass, tl),
             self.tail_mass,
             f"{n} x ({self.description})",
         )
