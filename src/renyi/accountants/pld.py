@@ -33,7 +33,7 @@ from renyi.events import (
     RandomizedResponseEvent,
     SelfComposedEvent,
 )
-from renyi.pld import PldBounds, PrivacyLossDistribution
+from renyi.pld import DEFAULT_MAX_BINS, PldBounds, PrivacyLossDistribution
 
 __all__ = ["PldAccountant", "event_pld"]
 
@@ -42,9 +42,17 @@ Pair = tuple[PrivacyLossDistribution, PrivacyLossDistribution]
 
 
 def event_pld(
-    event: Event, *, value_discretization_interval: float = 1e-4, tail_mass: float = 1e-15
+    event: Event,
+    *,
+    value_discretization_interval: float = 1e-4,
+    tail_mass: float = 1e-15,
+    max_bins: int = DEFAULT_MAX_BINS,
 ) -> Pair:
-    """PLDs (remove, add) of one run of ``event`` (the same object twice when symmetric)."""
+    """PLDs (remove, add) of one run of ``event`` (the same object twice when symmetric).
+
+    ``max_bins`` caps the FFT windows of self-compositions inside the event
+    (:meth:`PrivacyLossDistribution.self_compose`).
+    """
     kw: dict[str, Any] = {
         "value_discretization_interval": value_discretization_interval,
         "tail_mass": tail_mass,
@@ -106,15 +114,15 @@ def event_pld(
             )
         return pair[0], pair[1]
     if isinstance(event, ComposedEvent):
-        parts = [event_pld(e, **kw) for e in event.events]
+        parts = [event_pld(e, **kw, max_bins=max_bins) for e in event.events]
         rem, add = parts[0]
         for r, a in parts[1:]:
             rem, add = rem.compose(r), add.compose(a)
         return rem, add
     if isinstance(event, SelfComposedEvent):
-        r, a = event_pld(event.event, **kw)
-        rc = r.self_compose(event.count)
-        return (rc, rc) if a is r else (rc, a.self_compose(event.count))
+        r, a = event_pld(event.event, **kw, max_bins=max_bins)
+        rc = r.self_compose(event.count, max_bins=max_bins)
+        return (rc, rc) if a is r else (rc, a.self_compose(event.count, max_bins=max_bins))
     raise UnsupportedEventError(f"PldAccountant cannot analyse {type(event).__name__}")
 
 
@@ -122,9 +130,15 @@ class PldAccountant(Accountant):
     """Privacy-loss-distribution accountant: tight ε with rigorous [lower, upper] bounds.
 
     Args:
-        value_discretization_interval: grid spacing h of the privacy loss (smaller: tighter
-            and slower; the upper bound is sound at any h).
+        value_discretization_interval: grid spacing h of one step's privacy loss (smaller:
+            tighter and slower; the upper bound is sound at any h).
         tail_mass: probability mass allowed to be truncated (charged to δ in the upper bound).
+        max_bins: cap (1024 to 2**22) on the FFT window of a self-composition. Compositions
+            wider than that (many steps) are computed by a ladder of FFT powers on grids
+            coarsened by powers of two, so run time grows like log T rather than sqrt T;
+            the grid finally used is ``details["composed_interval"]`` of ``epsilon()``. The
+            default 2**17 leaves e.g. DP-SGD on MNIST (T = 14 100, h = 1e-4) on the fine
+            grid; 2**22 switches the ladder off.
 
     Example::
 
@@ -139,26 +153,37 @@ class PldAccountant(Accountant):
     name = "pld"
 
     def __init__(
-        self, value_discretization_interval: float = 1e-4, tail_mass: float = 1e-15
+        self,
+        value_discretization_interval: float = 1e-4,
+        tail_mass: float = 1e-15,
+        max_bins: int = DEFAULT_MAX_BINS,
     ) -> None:
         super().__init__()
         # validated by building a PLD once (same checks and messages as renyi.pld)
         PrivacyLossDistribution.identity(
             value_discretization_interval=value_discretization_interval, tail_mass=tail_mass
-        )
+        ).self_compose(1, max_bins=max_bins)
         self._h = float(value_discretization_interval)
         self._tail = float(tail_mass)
+        self._max_bins = int(max_bins)
         self._counts: Counter[Event] = Counter()
         self._base: dict[Event, Pair] = {}
         self._cache: Pair | None = None
 
     def _config(self) -> dict[str, Any]:
-        return {"value_discretization_interval": self._h, "tail_mass": self._tail}
+        return {
+            "value_discretization_interval": self._h,
+            "tail_mass": self._tail,
+            "max_bins": self._max_bins,
+        }
 
     def _analyse(self, event: Event) -> Event:
         if event not in self._base:
             self._base[event] = event_pld(
-                event, value_discretization_interval=self._h, tail_mass=self._tail
+                event,
+                value_discretization_interval=self._h,
+                tail_mass=self._tail,
+                max_bins=self._max_bins,
             )
         return event
 
@@ -173,8 +198,8 @@ class PldAccountant(Accountant):
             pairs = []
             for event, count in self._counts.items():
                 r, a = self._base[event]
-                rc = r.self_compose(count)
-                pairs.append((rc, rc if a is r else a.self_compose(count)))
+                rc = r.self_compose(count, max_bins=self._max_bins)
+                pairs.append((rc, rc if a is r else a.self_compose(count, max_bins=self._max_bins)))
             rem = reduce(lambda x, y: x.compose(y), [p[0] for p in pairs])
             if all(r is a for r, a in pairs):  # symmetric mechanisms: one composition
                 self._cache = (rem, rem)
@@ -194,6 +219,7 @@ class PldAccountant(Accountant):
             details={
                 "direction": DIRECTIONS[int(bounds[1].upper > bounds[0].upper)],
                 "value_discretization_interval": self._h,
+                "composed_interval": max(p.value_discretization_interval for p in self.plds()),
             },
         )
 
@@ -205,7 +231,10 @@ class PldAccountant(Accountant):
             epsilon,
             self.name,
             delta_lower=float(worst.lower),
-            details={"delta_estimate": float(worst.estimate)},
+            details={
+                "delta_estimate": float(worst.estimate),
+                "composed_interval": max(p.value_discretization_interval for p in self.plds()),
+            },
         )
 
 
