@@ -307,8 +307,9 @@ class _FractionalPlan:
     lb: FloatArray
     sb: FloatArray
     lb_mag: FloatArray
-    head: NDArray[np.bool_]
-    inside: NDArray[np.bool_]
+    head_add: FloatArray
+    s_k: FloatArray
+    tail_flat: NDArray[np.intp]
     k1: NDArray[np.intp]
     kc: FloatArray
     lbc: FloatArray
@@ -322,10 +323,12 @@ class _FractionalPlan:
         self.k_start = (np.floor(alphas) + 2 + _MTZ_EXTRA).astype(np.intp)
         self.width = self.k_start + _EULER_TERMS + 1
         self.k = np.arange(int(self.width.max()), dtype=np.float64)[:, None]
-        self.lb, self.sb = _log_abs_binom(a, self.k)
+        lb, self.sb = _log_abs_binom(a, self.k)
+        self.lb = np.where(self.k < self.width[None, :], lb, -np.inf)  # nothing past width
         self.lb_mag = _binom_mag(a, self.k)
-        self.head = self.k < self.k_start[None, :]
-        self.inside = self.k < self.width[None, :]
+        self.head_add = np.where(self.k < self.k_start[None, :], 0.0, -np.inf)
+        self.s_k = np.take_along_axis(self.sb, self.k_start[None, :], axis=0)[0]
+        self.tail_flat = self._tail_flat()
         self.k1 = (np.ceil(alphas) + _CENTRAL_EXTRA).astype(np.intp)
         self.kc = np.arange(2, int(self.k1.max()), dtype=np.float64)[:, None]
         lbc, self.sbc = _log_abs_binom(a, self.kc)
@@ -349,14 +352,21 @@ class _FractionalPlan:
             return np.ascontiguousarray(x[:rows].take(cols, axis=1))
 
         out.lb, out.sb, out.lb_mag = take(self.lb, w), take(self.sb, w), take(self.lb_mag, w)
-        out.head, out.inside = take(self.head, w), take(self.inside, w)
+        out.head_add, out.s_k = take(self.head_add, w), self.s_k[cols]
         out.lbc, out.sbc, out.lbc_mag = (
             take(self.lbc, wc),
             take(self.sbc, wc),
             take(self.lbc_mag, wc),
         )
         out.lbk1 = self.lbk1[cols]
+        out.tail_flat = out._tail_flat()
         return out
+
+    def _tail_flat(self) -> NDArray[np.intp]:
+        """Flat indices into a ``[k, order]`` table of rows ``k_start .. k_start + M``."""
+        n = self.alphas.size
+        rows = self.k_start[None, :] + np.arange(_EULER_TERMS + 1)[:, None]
+        return np.asarray(rows * n + np.arange(n)[None, :], dtype=np.intp)
 
 
 class _GridSplit:
@@ -504,34 +514,38 @@ def _ragged_lse(
 # --------------------------------------------------------------------------------------------
 
 
-def _series_with_euler_tail(
-    logs: FloatArray, signs: FloatArray, plan: _FractionalPlan
-) -> tuple[FloatArray, FloatArray]:
-    """Upper-bound the sum of a series whose terms alternate, with completely monotone
+def _seqsum(x: FloatArray, axis: int) -> FloatArray:
+    """Sum over ``axis`` (not the last one) in sequence, like :func:`_colsum`."""
+    n = x.shape[-1]
+    if n == 1:
+        x = np.concatenate([x, x], axis=-1)
+    return np.add.reduce(np.ascontiguousarray(x), axis=axis)[..., :n]
+
+
+def _series_with_euler_tail(logs: FloatArray, plan: _FractionalPlan) -> FloatArray:
+    """Upper-bound the sums of series whose terms alternate, with completely monotone
     magnitudes, from row ``k_start`` of each column on (rows up to ``k_start + M`` present).
 
-    Returns ``(logs, signs)`` with one more row: the terms before ``k_start`` as they are
-    (later rows set to -inf) and the Euler-transformed tail plus its remainder bound when the
-    tail is positive; their sum is never below the true sum (the caller adds the rows to its
-    own signed sum, saving log-sum-exp passes).
+    ``logs`` has shape ``(s, W, n)``: ``s`` series (signs ``plan.sb``) over the orders of
+    ``plan``. Returns ``(s, n)``: the log of the magnitude of each Euler-transformed tail plus
+    its remainder bound when the tail is positive (its sign is ``plan.s_k`` times the sign of
+    the result, which is returned as the second half of a ``(2, s, n)`` array); the head
+    terms (rows before ``k_start``) are the caller's. The sum of head and tail is never below
+    the true sum.
     """
     w, bw = _euler_weights(_EULER_TERMS)
-    rows = plan.k_start[None, :] + np.arange(_EULER_TERMS + 1)[:, None]
-    tail_l = np.take_along_axis(logs, rows, axis=0)
-    scale = tail_l[0]
+    tail_l = logs.reshape(logs.shape[0], -1)[:, plan.tail_flat]  # (s, M + 1, n)
+    scale = tail_l[:, 0]
     finite = np.isfinite(scale)
     sc = np.where(finite, scale, 0.0)
-    f = np.where(finite, np.exp(tail_l - sc), 0.0)
-    est = _colsum(f * w)
+    f = np.exp(tail_l - sc[:, None, :])
+    est = _seqsum(f * w, axis=1)
     # Rounding in the m-th difference: pad by a multiple of the unit roundoff of f(K).
-    bnd = np.maximum(_colsum(f * bw), 0.0) + 64.0 * np.finfo(np.float64).eps * finite
-    s_k = np.take_along_axis(signs, plan.k_start[None, :], axis=0)[0]
-    total = est + np.where(s_k > 0, bnd, 0.0)  # tail magnitude, upper/lower by sign
+    bnd = np.maximum(_seqsum(f * bw, axis=1), 0.0) + 64.0 * np.finfo(np.float64).eps * finite
+    total = est + np.where(plan.s_k > 0, bnd, 0.0)  # tail magnitude, upper/lower by sign
     with np.errstate(divide="ignore"):
         tl = np.where(total > 0, np.log(np.abs(total)) + sc, -np.inf)
-    ts = s_k * np.sign(total)
-    out_l = np.concatenate([np.where(plan.head, logs, -np.inf), tl[None, :]], axis=0)
-    return out_l, np.concatenate([signs, ts[None, :]], axis=0)
+    return np.stack([tl, plan.s_k * np.sign(total)])
 
 
 def _log_a_fractional(
@@ -587,26 +601,26 @@ def _log_a_fractional(
     # (II) upper part, MTZ series with Euler-accelerated alternating tails.
     z0 = sigma * sigma * (log1mq - logq) + 0.5
     k = plan.k
-    ckk = c * (k * k - k)
-    lb_in = np.where(plan.inside, plan.lb, -np.inf)  # terms beyond an order's last row: none
-    if z_c < z0:  # IIa: z_c < z <= z0, expansion in x = q e^t / (1 - q) <= 1
-        lphi = _log_ndtr_diff((z0 - k) / sigma, (z_c - k) / sigma)
-        t1 = lb_in + a * log1mq + (k * (logq - log1mq) + ckk + lphi)
-        l1, s1 = _series_with_euler_tail(t1, plan.sb, plan)
-        pieces_l.append(l1)
-        pieces_s.append(s1)
-        round_l.append(t1)
-        round_m.append(plan.lb_mag - a * log1mq + (k * (-logq) + ckk + np.abs(lphi)))
     zb = max(z_c, z0)  # IIb: z > zb, expansion in 1/x <= 1
-    j = a - k  # exponents alpha - k of the upper series (elementwise: same value per order)
+    j = a - k  # exponents alpha - k of the upper series
     lnu = log_ndtr((j - zb) / sigma)
     cjj = c * (j * j - j)
-    t2 = lb_in + k * log1mq + (j * logq + cjj + lnu)
-    l2, s2 = _series_with_euler_tail(t2, plan.sb, plan)
-    pieces_l.append(l2)
-    pieces_s.append(s2)
-    round_l.append(t2)
-    round_m.append(plan.lb_mag - k * log1mq + (np.abs(j * logq) + np.abs(cjj) + np.abs(lnu)))
+    t2 = plan.lb + k * log1mq + (j * logq + cjj + lnu)
+    m2 = plan.lb_mag - k * log1mq + (np.abs(j * logq) + np.abs(cjj) + np.abs(lnu))
+    if z_c < z0:  # IIa: z_c < z <= z0, expansion in x = q e^t / (1 - q) <= 1
+        ckk = c * (k * k - k)
+        lphi = _log_ndtr_diff((z0 - k) / sigma, (z_c - k) / sigma)
+        t1 = plan.lb + a * log1mq + (k * (logq - log1mq) + ckk + lphi)
+        m1 = plan.lb_mag - a * log1mq + (k * (-logq) + ckk + np.abs(lphi))
+        series, mags = np.stack([t1, t2]), np.stack([m1, m2])
+    else:
+        series, mags = t2[None], m2[None]
+    tail = _series_with_euler_tail(series, plan)  # both series' tails in one pass
+    n_rows = series.shape[0] * series.shape[1]
+    pieces_l += [(series + plan.head_add).reshape(n_rows, n), tail[0]]
+    pieces_s += [np.broadcast_to(plan.sb, series.shape).reshape(n_rows, n), tail[1]]
+    round_l.append(series.reshape(n_rows, n))
+    round_m.append(mags.reshape(n_rows, n))
 
     # minus E[1 + alpha u; z > z_c] = (1 - alpha q) Phi(-z_c/s) + alpha q Phi((1 - z_c)/s).
     one_m = 1.0 - alphas * q
@@ -681,6 +695,15 @@ def _gaussian_rdp_on_grid(
     with np.errstate(over="ignore"):
         res = np.minimum(res, alphas / two_var)
     return np.asarray(np.maximum(res, 0.0), dtype=np.float64)
+
+
+def _gaussian_rdp_subset(
+    q: float, sigma: float, orders: FloatArray, sel: NDArray[np.bool_]
+) -> FloatArray:
+    """:func:`poisson_subsampled_gaussian_rdp` at ``orders[sel]``, for a validated, sorted grid
+    without duplicates, ``0 < q < 1`` and ``1 / (2 sigma^2)`` finite (the RDP accountant's lazy
+    evaluation). Bit-for-bit the values that function returns at those orders."""
+    return _gaussian_rdp_on_grid(q, sigma, _grid_split(orders.tobytes()), sel)
 
 
 def poisson_subsampled_gaussian_rdp(

@@ -4,10 +4,18 @@ Each event becomes an RDP curve ε(α) on a fixed grid of orders; composition ad
 pointwise (Mironov 2017, Prop. 1), ``count`` repetitions multiply by ``count``, so the cost
 of accounting T steps does not depend on T. ε at δ minimises the conversion of
 Balle et al. 2020, Thm. 21 over the grid and reports the order used.
+
+The expensive curve, the Poisson-subsampled Gaussian, is kept symbolically and evaluated
+lazily: :meth:`RdpAccountant.epsilon` computes it on a coarse part of the grid, bounds ε from
+below on the rest (Rényi divergence is non-decreasing in α and ``(α - 1) D_α`` is convex in α,
+van Erven & Harremoës 2014, Thms 3 and 11) and evaluates only the orders that could still win.
+The answer (ε and order) is the full-grid minimum; see ``docs/subsampling.md``.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any
 
 import numpy as np
@@ -16,7 +24,7 @@ from numpy.typing import ArrayLike, NDArray
 from renyi import closed_forms, conversions, subsampling
 from renyi._validation import check_orders
 from renyi.accountants.base import Accountant, DeltaResult, EpsilonResult
-from renyi.curves import DEFAULT_ORDERS, RdpCurve
+from renyi.curves import DEFAULT_ORDERS, RdpCurve, _warn_edge
 from renyi.errors import PrivacyParameterError, UnsupportedEventError
 from renyi.events import (
     ApproxDpEvent,
@@ -115,6 +123,151 @@ def _rdp(event: Event, a: NDArray[np.float64]) -> NDArray[np.float64]:
     raise UnsupportedEventError(f"RdpAccountant cannot analyse {type(event).__name__}")
 
 
+# ------------------------------------------------------------------------------------------
+# Symbolic costs: the Poisson-subsampled Gaussian is evaluated lazily, everything else at once
+# ------------------------------------------------------------------------------------------
+
+# Relative slack of the pruning bounds: the kernel's values are upper bounds of the exact
+# divergence within ~1e-8 relative on the tested grids (docs/subsampling.md); a value computed
+# at one order is trusted to lower-bound the exact divergence only after this discount.
+_SLACK = 1e-6
+# Grids this small are evaluated in full (nothing to gain).
+_MIN_LAZY_ORDERS = 24
+# Pending symbolic costs folded into the dense total beyond this many (keeps epsilon() cheap
+# when an accountant is fed one step at a time).
+_MAX_PENDING = 8
+
+
+class _Sampled:
+    """Poisson-subsampled Gaussian, ``0 < q < 1``: evaluated on demand, order by order."""
+
+    __slots__ = ("key", "q", "sigma")
+
+    def __init__(self, q: float, sigma: float) -> None:
+        self.q, self.sigma = q, sigma
+        self.key = (q, sigma)
+
+
+class _Sum:
+    __slots__ = ("children",)
+
+    def __init__(self, children: list[Any]) -> None:
+        self.children = children
+
+
+class _Times:
+    __slots__ = ("child", "count")
+
+    def __init__(self, count: int, child: Any) -> None:
+        self.count, self.child = count, child
+
+
+def _symbolic(event: Event, a: NDArray[np.float64]) -> Any:
+    """The cost of ``event`` on the grid ``a``: a dense array (computed now, exactly as
+    :func:`event_rdp` does, so every error is raised here) or a tree of
+    :class:`_Sum` / :class:`_Times` over :class:`_Sampled` leaves and dense arrays."""
+    if isinstance(event, PoissonSampledEvent) and isinstance(event.event, GaussianEvent):
+        q, sigma = event.sampling_rate, event.event.noise_multiplier
+        if 0.0 < q < 1.0 and math.isfinite(1.0 / (2.0 * sigma * sigma)):
+            return _Sampled(q, sigma)
+        return _rdp(event, a)
+    if isinstance(event, ComposedEvent):
+        kids = [_symbolic(child, a) for child in event.events]
+        if all(isinstance(k, np.ndarray) for k in kids):
+            total = np.zeros_like(a)  # the same additions as _rdp
+            for k in kids:
+                total = total + k
+            return total
+        return _Sum(kids)
+    if isinstance(event, SelfComposedEvent):
+        child = _symbolic(event.event, a)
+        if isinstance(child, np.ndarray):
+            return _times(event.count, child)
+        return _Times(event.count, child)
+    return _rdp(event, a)
+
+
+def _leaves(node: Any, out: dict[tuple[float, float], _Sampled]) -> None:
+    if isinstance(node, _Sampled):
+        out.setdefault(node.key, node)
+    elif isinstance(node, _Sum):
+        for child in node.children:
+            _leaves(child, out)
+    elif isinstance(node, _Times):
+        _leaves(node.child, out)
+
+
+def _evaluate(node: Any, leaf: dict[tuple[float, float], NDArray[np.float64]]) -> Any:
+    """The cost on the whole grid, with the leaves' values taken from ``leaf`` (the same
+    operations, in the same order, as :func:`_rdp` on the event)."""
+    if isinstance(node, np.ndarray):
+        return node
+    if isinstance(node, _Sampled):
+        return leaf[node.key]
+    if isinstance(node, _Sum):
+        total = np.zeros_like(next(iter(leaf.values())))
+        for child in node.children:
+            total = total + _evaluate(child, leaf)
+        return total
+    return _times(node.count, _evaluate(node.child, leaf))
+
+
+@functools.lru_cache(maxsize=16)
+def _first_pass(key: bytes) -> NDArray[np.bool_]:
+    """Orders evaluated first (order-dependent only): the integer orders up to 64 (cheap, and
+    spaced closely enough for sharp convexity bounds), or every 8th order if the grid has
+    fewer than 4 of them, and inf."""
+    a = np.frombuffer(key, dtype=np.float64)
+    finite = np.isfinite(a)
+    sel = finite & (a == np.floor(a)) & (a <= 64.0)
+    if np.count_nonzero(sel) < 4:
+        sel = np.zeros(a.shape, dtype=bool)
+        sel[::8] = True
+    sel |= ~finite
+    sel.setflags(write=False)
+    return sel
+
+
+def _lower_bound(
+    a: NDArray[np.float64],
+    vals: NDArray[np.float64],
+    have: NDArray[np.bool_],
+    *,
+    chords: bool = True,
+) -> NDArray[np.float64]:
+    """A lower bound of one subsampled-Gaussian curve at every order from its values at the
+    orders ``have`` (returned as they are there).
+
+    The curve is the exact ``D_α(μ || μ0)`` of MTZ (up to the kernel's upward error, covered
+    by ``_SLACK``): non-decreasing in α, and ``F(α) = (α - 1) D_α`` is convex (log of a moment
+    generating function), so ``F`` lies above the extension of every chord: with evaluated
+    ``p0 < p1 < α``, ``F(α) >= F(p1) + (F(p1) - F(p0)) (α - p1) / (p1 - p0)``, and with
+    ``α < n1 < n2``, ``F(α) >= F(n1) - (F(n2) - F(n1)) (n1 - α) / (n2 - n1)``. Each bound is
+    evaluated with ``F`` rounded down where it enters positively and up where negatively;
+    bounds that cannot be formed (no such orders, inf) come out NaN and are skipped.
+    """
+    nan2 = (np.nan, np.nan)
+    idx = np.flatnonzero(have)
+    ae = np.concatenate((nan2, a[idx], nan2))  # evaluated orders, padded on both sides
+    ve = np.concatenate((nan2, vals[idx], nan2))
+    c = np.cumsum(have)  # at an unevaluated order: how many evaluated orders lie below it
+    lo, hi = 1.0 - _SLACK, 1.0 + _SLACK
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        lb = np.fmax(ve[c + 1] * lo, 0.0)  # monotonicity: the value just below
+        if chords:
+            fe = (ae - 1.0) * ve
+            p0, p1, n1, n2 = c, c + 1, c + 2, c + 3
+            f1, g1 = fe[p1] * lo, fe[n1] * lo
+            up = (f1 + (f1 - fe[p0] * hi) * (a - ae[p1]) / (ae[p1] - ae[p0])) / (a - 1.0)
+            down = (g1 - (fe[n2] * hi - g1) * (ae[n1] - a) / (ae[n2] - ae[n1])) / (a - 1.0)
+            lb = np.fmax(lb, np.fmax(up, down))
+    return np.where(have, vals, lb)
+
+
+def _balle(a: NDArray[np.float64], e: NDArray[np.float64], delta: float) -> NDArray[np.float64]:
+    return conversions._balle_epsilons(a, e, math.log(delta))
+
+
 class RdpAccountant(Accountant):
     """Rényi DP accountant over a fixed grid of orders.
 
@@ -134,9 +287,13 @@ class RdpAccountant(Accountant):
 
     def __init__(self, orders: ArrayLike = DEFAULT_ORDERS) -> None:
         super().__init__()
-        self._orders = check_orders(orders)
-        self._orders.setflags(write=False)
-        self._total = np.zeros_like(self._orders)
+        self._orders = _DEFAULT_GRID if orders is DEFAULT_ORDERS else _grid(orders)
+        self._total = np.zeros_like(self._orders)  # dense part of the composition so far
+        # Symbolic costs composed after the dense total, in order: (cost, count).
+        self._pending: list[tuple[Any, int]] = []
+        # Subsampled-Gaussian values computed so far: key -> (values, which orders).
+        self._values: dict[tuple[float, float], tuple[NDArray[np.float64], NDArray[np.bool_]]]
+        self._values = {}
 
     @property
     def orders(self) -> NDArray[np.float64]:
@@ -145,6 +302,7 @@ class RdpAccountant(Accountant):
     @property
     def curve(self) -> RdpCurve:
         """The composed RDP curve so far."""
+        self._fold()
         return RdpCurve(self._orders, self._total.copy())
 
     def _config(self) -> dict[str, Any]:
@@ -157,16 +315,110 @@ class RdpAccountant(Accountant):
             config["orders"] = [float(x) for x in config["orders"]]
         return super().from_state_dict({**state, "config": config})
 
-    def _analyse(self, event: Event) -> NDArray[np.float64]:
-        return _rdp(event, self._orders)
+    def _analyse(self, event: Event) -> Any:
+        return _symbolic(event, self._orders)
 
-    def _add(self, cost: NDArray[np.float64], count: int) -> None:
-        self._total = self._total + _times(count, cost)
+    def _add(self, cost: Any, count: int) -> None:
+        if isinstance(cost, np.ndarray) and not self._pending:
+            self._total = self._total + _times(count, cost)
+            return
+        self._pending.append((cost, count))
+        if len(self._pending) > _MAX_PENDING:
+            self._fold()
+
+    # -- lazy evaluation ------------------------------------------------------------------
+
+    def _evaluate_at(self, leaf: _Sampled, sel: NDArray[np.bool_]) -> None:
+        """Make sure the curve of ``leaf`` is known at the orders ``sel``."""
+        vals, have = self._values.get(leaf.key, (None, None))
+        if vals is None or have is None:
+            vals = np.full(self._orders.shape, np.nan)
+            have = np.zeros(self._orders.shape, dtype=bool)
+            self._values[leaf.key] = (vals, have)
+        need = sel & ~have
+        if need.any():
+            vals[need] = subsampling._gaussian_rdp_subset(leaf.q, leaf.sigma, self._orders, need)
+            have |= need
+
+    def _pending_total(self, leaf: dict[tuple[float, float], NDArray[np.float64]]) -> Any:
+        total = self._total
+        for cost, count in self._pending:
+            total = total + _times(count, _evaluate(cost, leaf))
+        return total
+
+    def _fold(self) -> None:
+        """Evaluate the pending costs on the whole grid and add them to the dense total."""
+        if not self._pending:
+            return
+        leaves: dict[tuple[float, float], _Sampled] = {}
+        for cost, _ in self._pending:
+            _leaves(cost, leaves)
+        everywhere = np.ones(self._orders.shape, dtype=bool)
+        for leaf in leaves.values():
+            self._evaluate_at(leaf, everywhere)
+        self._total = self._pending_total({k: self._values[k][0] for k in leaves})
+        self._pending = []
+
+    def _lazy_epsilon(self, delta: float) -> tuple[float, float] | None:
+        """``(epsilon, order)`` of the full grid, evaluating the subsampled Gaussian only where
+        it can matter; None where the Bretagnolle-Huber case cannot be ruled out."""
+        a = self._orders
+        leaves: dict[tuple[float, float], _Sampled] = {}
+        for cost, _ in self._pending:
+            _leaves(cost, leaves)
+        sel = _first_pass(a.tobytes())
+        for final in (False, True):
+            for leaf in leaves.values():
+                self._evaluate_at(leaf, sel)
+            ev = np.ones(a.shape, dtype=bool)
+            lower: dict[tuple[float, float], NDArray[np.float64]] = {}
+            for key in leaves:
+                vals, have = self._values[key]
+                ev &= have
+                lower[key] = _lower_bound(a, vals, have, chords=not final)
+            total = self._pending_total(lower)  # exact where ev, a lower bound elsewhere
+            eps = _balle(a, total, delta)
+            best = float(np.min(eps[ev]))
+            # Bretagnolle-Huber (rdp_to_dp's first test) applies only if some order has
+            # sqrt(1 - exp(-eps(alpha))) <= delta; rule it out with the lower bounds.
+            with np.errstate(over="ignore"):
+                bh = np.sqrt(-np.expm1(-total)) <= delta
+            if final:
+                break
+            # Every order whose bound does not exceed the best value so far, and the first
+            # order if Bretagnolle-Huber is not ruled out yet (its value bounds all others).
+            sel = ~ev & ~(eps > best)
+            if bh.any():
+                sel[0] = not ev[0]
+            if not sel.any():
+                break
+        if bh.any():
+            return None  # Bretagnolle-Huber might apply: let the full grid decide
+        eps = np.where(ev, eps, np.inf)
+        i = int(np.argmin(eps))
+        return max(float(eps[i]), 0.0), float(a[i])
+
+    # -- queries --------------------------------------------------------------------------
 
     def _epsilon(self, delta: float) -> EpsilonResult:
+        if self._pending and self._orders.size > _MIN_LAZY_ORDERS:
+            found = self._lazy_epsilon(delta)
+            if found is not None:
+                eps, order = found
+                _warn_edge(order, self._orders)
+                return EpsilonResult(eps, delta, self.name, order=order)
         conv = self.curve.to_dp(delta)
         return EpsilonResult(conv.epsilon, delta, self.name, order=conv.order)
 
     def _delta(self, epsilon: float) -> DeltaResult:
         conv = self.curve.to_delta(epsilon)
         return DeltaResult(conv.delta, epsilon, self.name, order=conv.order)
+
+
+def _grid(orders: ArrayLike) -> NDArray[np.float64]:
+    out = check_orders(orders)
+    out.setflags(write=False)
+    return out
+
+
+_DEFAULT_GRID = _grid(DEFAULT_ORDERS)
