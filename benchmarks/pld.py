@@ -7,17 +7,22 @@ add/remove directions (the reported epsilon is the larger). Rows are run interle
 moment of the shared machine hits every library alike) and report the median wall time, the
 epsilon and the ratio peer time / renyi time (> 1: renyi is faster). renyi reports a rigorous
 bracket [lower, upper]; "upper" is the number comparable to dp_accounting's pessimistic
-estimate. The second table shows run time against T (FFT exponentiation: no growth with T
-beyond the window's growth).
+estimate. The last table shows run time against T: compositions wider than max_bins = 2^17
+grid points run as a ladder of FFT powers on grids coarsened by powers of two, so time grows
+like log T (column ms / ln T); "no ladder" is the same computation with max_bins = 2^22 (one
+FFT power on the fine grid, window ~ sqrt(T)). "width" is (upper - lower) / upper, "grid" the
+grid step and points of the composed distribution (remove direction).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 import warnings
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 Q, SIGMA, STEPS, DELTA = 256 / 60000, 1.1, 14100, 1e-5
@@ -36,6 +41,23 @@ def ours(steps: int = STEPS, h: float = 1e-4, delta: float = DELTA) -> tuple[flo
         max(b.lower for b in bounds),
         max(b.estimate for b in bounds),
         max(b.upper for b in bounds),
+    )
+
+
+def ours_scaling(steps: int, max_bins: int = 1 << 17) -> tuple[float, float, float, int]:
+    """(lower, upper, grid step, grid points) of the composed PLDs (both directions)."""
+    from renyi.pld import PrivacyLossDistribution as PLD
+
+    plds = [
+        PLD.subsampled_gaussian(Q, SIGMA, direction=d).self_compose(steps, max_bins=max_bins)
+        for d in ("remove", "add")
+    ]
+    bounds = [p.epsilon_for_delta(DELTA) for p in plds]
+    return (
+        max(b.lower for b in bounds),
+        max(b.upper for b in bounds),
+        plds[0].value_discretization_interval,
+        plds[0].support_size,
     )
 
 
@@ -129,17 +151,37 @@ def main() -> None:
     tiny = {"renyi": lambda: ours(h=1e-4, delta=1e-12)}
     print(table("MNIST eps(delta=1e-12), h=1e-4", interleaved(tiny, 3)))
     print()
-    print("run time against T (h=1e-4, both directions, both bounds)")
-    print(f"{'T':>9s} {'renyi':>10s} {'eps upper':>12s} {'dp_accounting':>14s} {'opacus PRV':>11s}")
+    print("run time against T (h=1e-4, both directions, both bounds; median of interleaved runs)")
+    head = (
+        f"{'T':>9s} {'renyi':>9s} {'ms/ln T':>7s} {'eps lower':>10s} {'eps upper':>10s}"
+        f" {'width':>7s} {'grid':>8s} {'points':>7s} {'no ladder':>10s}"
+        f" {'dp_accounting':>13s} {'opacus PRV':>10s}"
+    )
+    print(head)
     for steps in (10**3, 10**4, 10**5, 10**6):
-        row: dict[str, Callable[[], Any]] = {"renyi": lambda s=steps: ours(steps=s)}
+        row: dict[str, Callable[[], Any]] = {
+            "renyi": partial(ours_scaling, steps),
+            "direct": partial(ours_scaling, steps, max_bins=1 << 22),
+        }
         if not args.quick or steps <= 10**4:
-            row["dpa"] = lambda s=steps: dp_accounting_pld(steps=s)
-            row["prv"] = lambda s=steps: opacus_prv(steps=s)
-        res = interleaved(row, 2 if steps >= 10**5 else 3)
-        cells = [f"{res['renyi'][0] * 1e3:8.1f}ms", f"{res['renyi'][1][2]:12.5f}"]
-        for key in ("dpa", "prv"):
-            cells.append(f"{res[key][0] * 1e3:9.1f}ms" if key in res else f"{'-':>11s}")
+            row["dpa"] = partial(dp_accounting_pld, steps=steps)
+            row["prv"] = partial(opacus_prv, steps=steps)
+        res = interleaved(row, max(3, args.repeats // 2) if steps >= 10**5 else args.repeats)
+        t, (lo, up, grid, points) = res["renyi"]
+        cells = [
+            f"{t * 1e3:7.1f}ms",
+            f"{t * 1e3 / math.log(steps):7.2f}",
+            f"{lo:10.5f}",
+            f"{up:10.5f}",
+            f"{(up - lo) / up:7.4f}",
+            f"{grid:8.1e}",
+            f"{points:7d}",
+            f"{res['direct'][0] * 1e3:8.1f}ms",
+        ]
+        for key, width in (("dpa", 11), ("prv", 8)):
+            cells.append(
+                f"{res[key][0] * 1e3:{width}.1f}ms" if key in res else f"{'-':>{width + 2}s}"
+            )
         print(f"{steps:9d} " + " ".join(cells))
 
 

@@ -302,7 +302,7 @@ def _tilted_rfft(side: _Side, lam: float, lm: float, n_fft: int, g: float) -> tu
     else:
         base = t
     tot = float(np.sum(t))
-    return sfft.rfft(base, n_fft), (g + (folds + 1) * _U) * tot
+    return sfft.rfft(base, n_fft), (g + (folds - 1) * _U) * tot
 
 
 def _fft_power(z: Any, gz: float, T: int) -> tuple[Any, FloatArray]:
