@@ -167,10 +167,13 @@ class _ErrTerm:
     def delta_error(self, eps: FloatArray) -> FloatArray:
         """Bound on the change of ``delta(eps)`` this error can cause (only ``L > eps`` count)."""
         x = np.maximum(np.minimum(eps, self.hi), self.lo)
-        lams, log_ws = self.arrays
         with np.errstate(over="ignore"):
-            best = np.exp(np.min(log_ws[:, None] - lams[:, None] * np.ravel(x)[None, :], axis=0))
-        return np.where(eps >= self.hi, 0.0, best.reshape(np.shape(eps)))
+            if len(self.lams) == 1:
+                best = np.exp(self.log_ws[0] - self.lams[0] * x)
+            else:
+                lams, log_ws = self.arrays
+                best = np.exp(np.min(log_ws[:, None] - lams[:, None] * np.ravel(x), axis=0))
+        return np.where(eps >= self.hi, 0.0, np.reshape(best, np.shape(eps)))
 
     @cached_property
     def arrays(self) -> tuple[FloatArray, FloatArray]:
@@ -527,6 +530,8 @@ class _Side:
         with np.errstate(divide="ignore"):
             raw = np.floor(40.0 / (np.abs(s) * self.h))
         c_of = np.exp2(np.floor(np.log2(np.clip(raw, 1, 128)))).astype(np.int64)
+        if self.size < 16384:  # small grids: one group (call overhead dominates)
+            c_of[:] = np.min(c_of)
         out = np.empty(s.shape)
         for c in np.unique(c_of).tolist():  # a few groups
             sel = c_of == c
@@ -541,9 +546,12 @@ class _Side:
         # einsum rather than BLAS: no thread start-up, which dominates at these sizes
         sums = np.einsum("ij,jk->ik", pad.reshape(n_chunks, c), e)
         start = (self.offset + np.arange(n_chunks) * c) * self.h
-        with np.errstate(divide="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore"):
             logs = np.log(sums) + start[:, None] * s[None, :]
-        return np.asarray(logsumexp(logs, axis=0))
+            top = np.max(logs, axis=0)
+            safe = np.where(np.isfinite(top), top, 0.0)
+            total = np.sum(np.exp(logs - safe), axis=0)
+        return np.where(np.isfinite(top), safe + np.log(total), top)
 
     def grid_range(self) -> tuple[float, float]:
         return float(self.losses[0]), float(self.losses[-1])
