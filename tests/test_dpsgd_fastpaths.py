@@ -218,9 +218,13 @@ def test_secure_normal_equals_renyi_random_on_the_same_words(
     z = src.normal(shape, dtype)
     assert z.dtype == dtype and tuple(z.shape) == shape
     ref = rr.GeneratorSource(np.random.default_rng(7)).normal(shape, np.dtype(str(dtype)[6:]))
-    # float64: last-ulp differences of torch's and numpy's log/cos/sin; float32: also the
-    # float32 square root of the rounded -2 ln u1 (one float32 ulp)
-    np.testing.assert_allclose(z.numpy(), ref, rtol=1e-6 if dtype == torch.float32 else 1e-13)
+    np.testing.assert_array_equal(z.numpy(), ref)  # renyi.random's normals, bit for bit
+    # which are Box-Muller of box_muller_uniforms, bit for bit
+    u1, u2 = rr.GeneratorSource(np.random.default_rng(7)).box_muller_uniforms(
+        (math.prod(shape) + 1) // 2, np.dtype(str(dtype)[6:])
+    )
+    want = rr.box_muller(u1, u2)[: math.prod(shape)].reshape(shape)
+    np.testing.assert_array_equal(z.numpy(), want)
 
 
 def test_secure_normal_other_dtypes_and_tails() -> None:

@@ -116,6 +116,25 @@ def box_muller(u1: Any, u2: Any, xp: Any = np) -> Any:
     return xp.concatenate([r * xp.cos(theta), r * xp.sin(theta)])
 
 
+def _box_muller_in_place(u1: NDArray[np.float64], u2: NDArray[Any]) -> NDArray[Any]:
+    """:func:`box_muller` (numpy), bit for bit, overwriting its fresh inputs.
+
+    The same operations in the same order and precision, without temporaries or the final
+    concatenation (the two branches are written into the two halves of the output); about 3
+    times faster than :func:`box_muller` for the 10^5-10^6 draws of a DP-SGD step.
+    """
+    theta = np.multiply(u2, 2.0 * math.pi, out=u2)
+    r = np.log(u1, out=u1)
+    r *= -2.0
+    np.sqrt(r, out=r)
+    radius = r.astype(theta.dtype, copy=False)
+    half = theta.shape[0]
+    out = np.empty(2 * half, dtype=theta.dtype)
+    np.multiply(np.cos(theta, out=out[:half]), radius, out=out[:half])
+    np.multiply(np.sin(theta, out=out[half:]), radius, out=out[half:])
+    return out
+
+
 class RandomSource(ABC):
     """A source of uniformly random 64-bit words and the exact draws built on them.
 
@@ -218,7 +237,10 @@ class RandomSource(ABC):
     def uniform_open(self, size: int) -> NDArray[np.float64]:
         """``size`` floats uniform on ``{(k + 1/2) 2**-53}``: strictly inside ``(0, 1)``."""
         size = check_int("size", size)
-        return ((self.words(size) >> _U64(11)).astype(np.float64) + 0.5) * 2.0**-53
+        u = (self.words(size) >> _U64(11)).astype(np.float64)
+        u += 0.5  # in place: the same roundings as ((k + 0.5) * 2**-53), no temporaries
+        u *= 2.0**-53
+        return u
 
     def box_muller_uniforms(
         self, half: int, dtype: Any = np.float64
@@ -243,9 +265,13 @@ class RandomSource(ABC):
             u = self.uniform_open(2 * half)
             return u[:half], u[half:]
         w = self.words(half + (half + 1) // 2)
-        u1 = ((w[:half] >> _U64(11)).astype(np.float64) + 0.5) * 2.0**-53
+        u1 = (w[:half] >> _U64(11)).astype(np.float64)
+        u1 += 0.5
+        u1 *= 2.0**-53
         k = np.ascontiguousarray(w[half:]).view(np.uint32)[:half] >> np.uint32(8)
-        return u1, k.astype(np.float32) * np.float32(2.0**-24)
+        u2 = k.astype(np.float32)
+        u2 *= np.float32(2.0**-24)
+        return u1, u2
 
     def normal(self, size: int | tuple[int, ...], dtype: Any = np.float64) -> NDArray[Any]:
         """Standard normal draws of shape ``size`` (an int or a tuple of ints).
@@ -281,7 +307,11 @@ class RandomSource(ABC):
                 raise fail("size", size, "an integer >= 0 or a tuple of them") from None
         n = int(np.prod(shape, dtype=np.int64))
         u1, u2 = self.box_muller_uniforms((n + 1) // 2, dtype)
-        return box_muller(u1, u2)[:n].reshape(shape)
+        if type(self).box_muller_uniforms is RandomSource.box_muller_uniforms:
+            z = _box_muller_in_place(u1, u2)  # fresh arrays of ours: overwrite them
+        else:
+            z = box_muller(u1, u2)
+        return z[:n].reshape(shape)
 
     def big_integer_below(self, bound: int) -> int:
         """One exact uniform Python integer in ``[0, bound)`` for any ``bound >= 1``.
