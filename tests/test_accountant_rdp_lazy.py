@@ -99,9 +99,9 @@ def test_lazy_search_evaluates_few_orders(monkeypatch):
     seen = []
     real = sub._gaussian_rdp_subset
 
-    def spy(q, sigma, orders, sel):
+    def spy(q, sigma, orders, sel, **kw):
         seen.append(int(np.count_nonzero(sel)))
-        return real(q, sigma, orders, sel)
+        return real(q, sigma, orders, sel, **kw)
 
     monkeypatch.setattr(sub, "_gaussian_rdp_subset", spy)
     acc = RdpAccountant().compose(PoissonSampledEvent(256 / 60000, GaussianEvent(1.1)), 14100)

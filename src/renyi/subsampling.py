@@ -39,7 +39,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -128,39 +127,37 @@ def _log_abs_binom(alpha: FloatArray, k: FloatArray) -> tuple[FloatArray, FloatA
 
 
 def _log_abs_expm1(x: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """``log|exp(x) - 1|`` and ``sign(x)``, accurate for tiny and for huge ``x``."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        pos = x + np.log(-np.expm1(-np.abs(x)))  # valid for x > 0
-        neg = np.log(-np.expm1(np.minimum(x, 0.0)))  # valid for x < 0
-    out = np.where(x > 0, pos, np.where(x < 0, neg, -np.inf))
-    return out, np.sign(x)
+    """``log|exp(x) - 1|`` and ``sign(x)``, accurate for tiny and for huge ``x``:
+    ``log(1 - exp(-|x|))``, plus ``x`` where ``x > 0``."""
+    lg = np.log(-np.expm1(-np.abs(x)))
+    return np.where(x > 0, x + lg, lg), np.sign(x)
 
 
 def _log_ndtr_diff(a: FloatArray, b: FloatArray) -> FloatArray:
     """``log(Phi(a) - Phi(b))`` for ``a >= b`` (``b`` may be -inf), without cancellation."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        # Upper tails when both are positive, lower tails otherwise.
-        upper = b > 0
-        hi = np.where(upper, log_ndtr(-b), log_ndtr(a))
-        lo = np.where(upper, log_ndtr(-a), log_ndtr(b))
-        out = hi + np.log(-np.expm1(lo - hi))
+    # Upper tails when both are positive, lower tails otherwise.
+    upper = b > 0
+    hi = np.where(upper, log_ndtr(-b), log_ndtr(a))
+    lo = np.where(upper, log_ndtr(-a), log_ndtr(b))
+    out = hi + np.log(-np.expm1(lo - hi))
     return np.where(a > b, out, -np.inf)
 
 
 @functools.lru_cache(maxsize=8)
 def _log_binom_table(n: int) -> tuple[FloatArray, FloatArray, FloatArray]:
     """``log C(k, j)`` laid out ``[j, k]`` (0 <= j <= k <= n, -inf for j > k), ``(-1)^(k - j)``
-    and ``|log C(k, j)| + 1`` (the magnitudes of the rounding allowance)."""
+    and ``_ROUND + 4 eps (|log C(k, j)| + 1)`` (the rounding weight, less its ``F_j`` part)."""
     j = np.arange(n + 1, dtype=np.float64)[:, None]
     k = np.arange(n + 1, dtype=np.float64)[None, :]
     with np.errstate(divide="ignore", invalid="ignore"):
         lb = gammaln(k + 1) - gammaln(j + 1) - gammaln(k - j + 1)
     lb = np.where(j <= k, lb, -np.inf)
     alt = np.where(np.mod(k - j, 2.0) == 0, 1.0, -1.0)
-    mag = np.where(j <= k, np.abs(lb), 0.0) + 1.0
-    for arr in (lb, alt, mag):
+    # Rounding weight of each term before the |log(F_j - 1)| part: _ROUND + 4 eps mags.
+    weight = _ROUND + _EPS4 * (np.where(j <= k, np.abs(lb), 0.0) + 1.0)
+    for arr in (lb, alt, weight):
         arr.setflags(write=False)
-    return lb, alt, mag
+    return lb, alt, weight
 
 
 @functools.lru_cache(maxsize=8)
@@ -197,39 +194,6 @@ def _colsum(x: FloatArray) -> FloatArray:
     if n == 1:  # a single column would be reduced pairwise: pad with a copy
         x = np.concatenate([x, x], axis=1)
     return np.add.reduce(np.ascontiguousarray(x), axis=0)[:n]
-
-
-def _col_lse(logs: FloatArray) -> FloatArray:
-    """``logsumexp`` down each column (-inf for an all -inf column)."""
-    m = np.max(logs, axis=0)
-    m = np.where(np.isfinite(m), m, 0.0)
-    with np.errstate(divide="ignore"):
-        out = np.log(_colsum(np.exp(logs - m))) + m
-    return np.asarray(out, dtype=np.float64)
-
-
-def _col_signed_lse(logs: FloatArray, signs: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """``log|sum(sign * exp(log))|`` and its sign down each column (0 for an all-zero sum)."""
-    m = np.max(logs, axis=0)
-    m = np.where(np.isfinite(m), m, 0.0)
-    total = _colsum(signs * np.exp(logs - m))
-    with np.errstate(divide="ignore"):
-        out = np.log(np.abs(total)) + m
-    return np.asarray(out, dtype=np.float64), np.sign(total)
-
-
-def _log_rounding(logs: FloatArray, mags: FloatArray) -> FloatArray:
-    """Log of a rounding allowance for a sum of terms ``+-exp(logs)`` down each column.
-
-    ``mags`` is, per term, the sum of the absolute values of the parts its logarithm was
-    assembled from, so the term is known to relative accuracy ``~eps mags`` (``gammaln``,
-    ``log_ndtr`` and the products are accurate to a few ulps of their size); the sum adds
-    ``~eps`` per term magnitude. The allowance is ``sum |term| (_ROUND + 4 eps mags)``.
-    """
-    with np.errstate(invalid="ignore", divide="ignore"):
-        w = np.log(_ROUND + _EPS4 * np.abs(mags))
-        weighted = np.where(np.isfinite(logs), logs + w, -np.inf)
-    return _col_lse(weighted)
 
 
 def _pad(log_a: FloatArray) -> FloatArray:
@@ -291,13 +255,28 @@ class _IntegerPlan:
         return out
 
 
+def _central_terms(alphas: FloatArray) -> NDArray[np.intp]:
+    """Per order, where the central Taylor series is cut: the first ``K`` in
+    ``[ceil(alpha) + 2, ceil(alpha) + _CENTRAL_EXTRA]`` whose remainder bound
+    ``|C(alpha, K)| 2^-(K-2) / (1 - 1/2) q^2 M_2`` is below ``2^-60`` times the ``k = 2`` term
+    ``C(alpha, 2) q^2 M_2`` (the ratio depends on alpha alone). Any ``K`` gives a valid bound
+    (the remainder is added); this only keeps the series short where it converges fast."""
+    ks = np.ceil(alphas)[:, None] + np.arange(2.0, _CENTRAL_EXTRA + 1.0)[None, :]
+    lk, _ = _log_abs_binom(alphas[:, None], ks)
+    l2 = np.log(alphas * (alphas - 1.0) / 2.0)[:, None]
+    ratio = lk - l2 - (ks - 2.0) * math.log(2.0) + math.log(2.0)
+    ok = ratio <= -60.0 * math.log(2.0)
+    first = np.where(ok.any(axis=1), np.argmax(ok, axis=1), ks.shape[1] - 1)
+    return np.asarray(ks[np.arange(alphas.size), first], dtype=np.intp)
+
+
 class _FractionalPlan:
     """Per-order tables of ``log|C(alpha, k)|`` and signs for the MTZ series and the central
     series, laid out ``[k, order]``; every truncation point is a function of the order alone.
 
     MTZ series of the order ``alpha``: exact terms ``k < k_start = floor(alpha) + 2 + 8``, then
     ``_EULER_TERMS + 1`` terms feeding the Euler transform of the tail (rows up to ``width``).
-    Central series: terms ``2 <= k < k1 = ceil(alpha) + _CENTRAL_EXTRA`` and a bound beyond.
+    Central series: terms ``2 <= k < k1`` (:func:`_central_terms`) and a bound beyond.
     """
 
     alphas: FloatArray
@@ -307,7 +286,7 @@ class _FractionalPlan:
     lb: FloatArray
     sb: FloatArray
     lb_mag: FloatArray
-    head_add: FloatArray
+    sb_head: FloatArray
     s_k: FloatArray
     tail_flat: NDArray[np.intp]
     k1: NDArray[np.intp]
@@ -316,6 +295,9 @@ class _FractionalPlan:
     sbc: FloatArray
     lbc_mag: FloatArray
     lbk1: FloatArray
+    per_order: FloatArray
+    mtz: FloatArray
+    cen: FloatArray
 
     def __init__(self, alphas: FloatArray) -> None:
         self.alphas = alphas
@@ -326,15 +308,19 @@ class _FractionalPlan:
         lb, self.sb = _log_abs_binom(a, self.k)
         self.lb = np.where(self.k < self.width[None, :], lb, -np.inf)  # nothing past width
         self.lb_mag = _binom_mag(a, self.k)
-        self.head_add = np.where(self.k < self.k_start[None, :], 0.0, -np.inf)
+        self.sb_head = np.where(self.k < self.k_start[None, :], self.sb, 0.0)
         self.s_k = np.take_along_axis(self.sb, self.k_start[None, :], axis=0)[0]
         self.tail_flat = self._tail_flat()
-        self.k1 = (np.ceil(alphas) + _CENTRAL_EXTRA).astype(np.intp)
+        self.k1 = _central_terms(alphas)
         self.kc = np.arange(2, int(self.k1.max()), dtype=np.float64)[:, None]
         lbc, self.sbc = _log_abs_binom(a, self.kc)
         self.lbc = np.where(self.kc < self.k1[None, :], lbc, -np.inf)
         self.lbc_mag = _binom_mag(a, self.kc)
         self.lbk1, _ = _log_abs_binom(alphas, self.k1.astype(np.float64))
+        self.per_order = np.stack([alphas, self.k_start, self.width, self.k1, self.s_k, self.lbk1])
+        j = a - self.k  # exponents of the upper series, j^2 - j, |j|
+        self.mtz = np.stack([self.lb, self.sb, self.lb_mag, self.sb_head, j, j * j - j, abs(j)])
+        self.cen = np.stack([self.lbc, self.sbc, self.lbc_mag])
 
     def subset(self, sel: NDArray[np.bool_]) -> _FractionalPlan:
         """The plan of the orders ``alphas[sel]`` (columns and the rows they need)."""
@@ -342,23 +328,16 @@ class _FractionalPlan:
             return self
         out = object.__new__(_FractionalPlan)
         cols = np.flatnonzero(sel)
-        out.alphas = self.alphas[cols]
-        out.k_start, out.width, out.k1 = self.k_start[cols], self.width[cols], self.k1[cols]
+        out.per_order = per = self.per_order.take(cols, axis=1)
+        out.alphas, out.s_k, out.lbk1 = per[0], per[4], per[5]
+        out.k_start, out.width, out.k1 = per[1:4].astype(np.intp)
         w = int(out.width.max())
         wc = int(out.k1.max()) - 2
         out.k, out.kc = self.k[:w], self.kc[:wc]
-
-        def take(x: NDArray[Any], rows: int) -> NDArray[Any]:
-            return np.ascontiguousarray(x[:rows].take(cols, axis=1))
-
-        out.lb, out.sb, out.lb_mag = take(self.lb, w), take(self.sb, w), take(self.lb_mag, w)
-        out.head_add, out.s_k = take(self.head_add, w), self.s_k[cols]
-        out.lbc, out.sbc, out.lbc_mag = (
-            take(self.lbc, wc),
-            take(self.sbc, wc),
-            take(self.lbc_mag, wc),
-        )
-        out.lbk1 = self.lbk1[cols]
+        out.mtz = self.mtz[:, :w].take(cols, axis=2)
+        out.cen = self.cen[:, :wc].take(cols, axis=2)
+        out.lb, out.sb, out.lb_mag, out.sb_head = out.mtz[:4]
+        out.lbc, out.sbc, out.lbc_mag = out.cen
         out.tail_flat = out._tail_flat()
         return out
 
@@ -389,12 +368,30 @@ class _GridSplit:
         self.any_frac = bool(self.frac.any())
         self._int_plan: _IntegerPlan | None = None
         self._frac_plan: _FractionalPlan | None = None
+        self._subsets: dict[bytes, tuple[_IntegerPlan | None, _FractionalPlan | None]] = {}
 
     @property
     def int_plan(self) -> _IntegerPlan:
         if self._int_plan is None:
             self._int_plan = _IntegerPlan(self.a_int)
         return self._int_plan
+
+    def subset_plans(
+        self, sel: NDArray[np.bool_]
+    ) -> tuple[_IntegerPlan | None, _FractionalPlan | None]:
+        """The plans of the orders ``uniq[sel]`` (kept for a few subsets; None: no order)."""
+        key = sel.tobytes()
+        plans = self._subsets.get(key)
+        if plans is None:
+            s_int, s_frac = sel[self.is_int], sel[self.frac]
+            plans = (
+                self.int_plan.subset(s_int) if s_int.any() else None,
+                self.frac_plan.subset(s_frac) if s_frac.any() else None,
+            )
+            if len(self._subsets) >= 4:
+                self._subsets.clear()
+            self._subsets[key] = plans
+        return plans
 
     @property
     def frac_plan(self) -> _FractionalPlan:
@@ -436,19 +433,18 @@ def _moments_log(
     if math.isfinite(z_hi):
         log_f = log_f + log_ndtr((z_hi - j) / sigma)
     lm1, sm1 = _log_abs_expm1(log_f)
-    lb, alt, lb_mag = _log_binom_table(kmax)
+    lb, alt, weight = _log_binom_table(kmax)
     logs = lb + lm1[:, None]
     # One shared scale per moment for the signed sum and its rounding allowance (the allowance
-    # is the one of _log_rounding: sum |term| (_ROUND + 4 eps mags)).
+    # is sum |term| (_ROUND + 4 eps mags), mags the sizes of the parts of each log-term).
     m = np.max(logs, axis=0)
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(logs - m)
     total = _colsum(e * (alt * sm1[:, None]))
     alm1 = np.where(np.isfinite(lm1), np.abs(lm1), 0.0)  # exp(-inf) = 0 terms: no rounding
-    w = e * (_ROUND + _EPS4 * (lb_mag + alm1[:, None]))
-    with np.errstate(divide="ignore"):
-        out = np.log(np.abs(total)) + m
-        rnd = np.log(_colsum(w)) + m
+    w = e * (weight + (_EPS4 * alm1)[:, None])
+    out = np.log(np.abs(total)) + m
+    rnd = np.log(_colsum(w)) + m
     sgn = np.sign(total)
     out[0] = float(log_ndtr(z_hi / sigma)) if math.isfinite(z_hi) else 0.0
     sgn[0] = 1.0
@@ -496,17 +492,17 @@ def _log_a_integer(q: float, sigma: float, plan: _IntegerPlan) -> FloatArray:
 def _ragged_lse(
     terms: FloatArray, starts: NDArray[np.intp], row: NDArray[np.intp], mags: FloatArray
 ) -> FloatArray:
-    """Log-sum-exp of positive terms per segment plus the rounding allowance of
-    :func:`_log_rounding` (``mags``: magnitudes of the parts of each log-term)."""
+    """Log-sum-exp of positive terms per segment plus the rounding allowance
+    ``sum |term| (_ROUND + 4 eps mags)`` (``mags``: magnitudes of the parts each log-term was
+    assembled from). Like every helper of the kernel, call it under
+    ``np.errstate(all="ignore")``: infinities and NaN are handled explicitly."""
     m = np.maximum.reduceat(terms, starts)
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(terms - m[row])
     s = np.add.reduceat(e, starts)
-    with np.errstate(invalid="ignore"):
-        w = np.where(e > 0, e * (_ROUND + _EPS4 * np.abs(mags)), 0.0)
+    w = np.where(e > 0, e * (_ROUND + _EPS4 * np.abs(mags)), 0.0)
     s = s + np.add.reduceat(w, starts)
-    with np.errstate(divide="ignore"):
-        return np.asarray(np.log(s) + m, dtype=np.float64)
+    return np.asarray(np.log(s) + m, dtype=np.float64)
 
 
 # --------------------------------------------------------------------------------------------
@@ -543,8 +539,7 @@ def _series_with_euler_tail(logs: FloatArray, plan: _FractionalPlan) -> FloatArr
     # Rounding in the m-th difference: pad by a multiple of the unit roundoff of f(K).
     bnd = np.maximum(_seqsum(f * bw, axis=1), 0.0) + 64.0 * np.finfo(np.float64).eps * finite
     total = est + np.where(plan.s_k > 0, bnd, 0.0)  # tail magnitude, upper/lower by sign
-    with np.errstate(divide="ignore"):
-        tl = np.where(total > 0, np.log(np.abs(total)) + sc, -np.inf)
+    tl = np.where(total > 0, np.log(np.abs(total)) + sc, -np.inf)
     return np.stack([tl, plan.s_k * np.sign(total)])
 
 
@@ -568,10 +563,12 @@ def _log_a_fractional(
     n = alphas.size
     a = alphas[None, :]
     ones = np.ones((1, n))
-    pieces_l: list[FloatArray] = []  # signed terms of B
-    pieces_s: list[FloatArray] = []
-    round_l: list[FloatArray] = []  # terms whose rounding counts, with the magnitudes of the
-    round_m: list[FloatArray] = []  # parts their logarithms were assembled from
+    # One table of log-terms with, per term, its sign in B (0: not part of the sum) and its
+    # rounding weight _ROUND + 4 eps mags (0: no rounding of its own; mags is the sum of the
+    # absolute values of the parts its logarithm was assembled from): one scale, one exp.
+    rows_l: list[FloatArray] = []
+    rows_s: list[FloatArray] = []
+    rows_m: list[FloatArray] = []  # magnitudes (NaN: no rounding term)
 
     # (I) central region.
     if central:
@@ -582,19 +579,13 @@ def _log_a_fractional(
         log_m, sgn_m, rnd_m = _moments_log(c, sigma, z_c, k1)
         base = plan.lbc + kc * logq
         lmc = log_m[2:k1, None]
-        central_terms = base + lmc
-        pieces_l.append(central_terms)
-        pieces_s.append(plan.sbc * sgn_m[2:k1, None])
-        round_l.append(central_terms)
-        round_m.append(plan.lbc_mag - kc * logq + np.abs(lmc))
-        # Rounding of the moments themselves, added upwards (as positive rows of the final
-        # signed sum rather than through a log-sum-exp of their own).
-        pieces_l.append(base + rnd_m[2:k1, None])
-        pieces_s.append(np.ones(base.shape))
-        # |E[u^k; I]| <= r^(k-2) E[u^2; I] and |C(alpha, k)| decreases for k >= k1 > alpha.
+        # Terms C(alpha, k) q^k E[Y^k; I]; then the moments' own rounding, added upwards; then
+        # the remainder: |E[u^k; I]| <= r^(k-2) E[u^2; I], |C(alpha, k)| decreasing for k >= k1.
         rem = plan.lbk1 + (plan.k1 - 2) * math.log(r) - math.log1p(-r) + 2 * logq + log_m[2]
-        pieces_l.append(rem[None, :])
-        pieces_s.append(ones)
+        rows_l += [base + lmc, base + rnd_m[2:k1, None], rem[None, :]]
+        rows_s += [plan.sbc * sgn_m[2:k1, None], np.ones(base.shape), ones]
+        nan_rows = np.full((base.shape[0] + 1, n), np.nan)
+        rows_m += [plan.lbc_mag - kc * logq + np.abs(lmc), nan_rows]
     else:
         z_c = -math.inf
 
@@ -602,11 +593,11 @@ def _log_a_fractional(
     z0 = sigma * sigma * (log1mq - logq) + 0.5
     k = plan.k
     zb = max(z_c, z0)  # IIb: z > zb, expansion in 1/x <= 1
-    j = a - k  # exponents alpha - k of the upper series
+    j = plan.mtz[4]  # exponents alpha - k of the upper series
     lnu = log_ndtr((j - zb) / sigma)
-    cjj = c * (j * j - j)
+    cjj = c * plan.mtz[5]  # c (j^2 - j)
     t2 = plan.lb + k * log1mq + (j * logq + cjj + lnu)
-    m2 = plan.lb_mag - k * log1mq + (np.abs(j * logq) + np.abs(cjj) + np.abs(lnu))
+    m2 = plan.lb_mag - k * log1mq + (plan.mtz[6] * abs(logq) + np.abs(cjj) + np.abs(lnu))
     if z_c < z0:  # IIa: z_c < z <= z0, expansion in x = q e^t / (1 - q) <= 1
         ckk = c * (k * k - k)
         lphi = _log_ndtr_diff((z0 - k) / sigma, (z_c - k) / sigma)
@@ -617,93 +608,109 @@ def _log_a_fractional(
         series, mags = t2[None], m2[None]
     tail = _series_with_euler_tail(series, plan)  # both series' tails in one pass
     n_rows = series.shape[0] * series.shape[1]
-    pieces_l += [(series + plan.head_add).reshape(n_rows, n), tail[0]]
-    pieces_s += [np.broadcast_to(plan.sb, series.shape).reshape(n_rows, n), tail[1]]
-    round_l.append(series.reshape(n_rows, n))
-    round_m.append(mags.reshape(n_rows, n))
+    # Every row of the series counts for rounding; only the head rows enter B as they are,
+    # the rest through the Euler-transformed tail (whose rounding is in its own bound).
+    rows_l += [series.reshape(n_rows, n), tail[0]]
+    rows_s += [np.broadcast_to(plan.sb_head, series.shape).reshape(n_rows, n), tail[1]]
+    rows_m += [mags.reshape(n_rows, n), np.full(tail[0].shape, np.nan)]
 
     # minus E[1 + alpha u; z > z_c] = (1 - alpha q) Phi(-z_c/s) + alpha q Phi((1 - z_c)/s).
     one_m = 1.0 - alphas * q
-    with np.errstate(divide="ignore"):
-        p0 = (np.log(np.abs(one_m)) + float(log_ndtr(-z_c / sigma)))[None, :]
+    p0 = (np.log(np.abs(one_m)) + float(log_ndtr(-z_c / sigma)))[None, :]
     p1 = (np.log(alphas * q) + float(log_ndtr((1.0 - z_c) / sigma)))[None, :]
-    pieces_l += [p0, p1]
-    pieces_s += [-np.sign(one_m)[None, :], -ones]
-    round_l += [p0, p1]
-    round_m += [np.abs(p0), np.abs(p1)]
+    rows_l += [p0, p1]
+    rows_s += [-np.sign(one_m)[None, :], -ones]
+    rows_m += [np.abs(p0), np.abs(p1)]
 
-    log_b, sgn_b = _col_signed_lse(np.concatenate(pieces_l), np.concatenate(pieces_s))
-    if np.any(sgn_b <= 0):  # pragma: no cover - B > 0 in exact arithmetic
-        bad = alphas[sgn_b <= 0]
+    logs = np.concatenate(rows_l)
+    mx = np.max(logs, axis=0)
+    mx = np.where(np.isfinite(mx), mx, 0.0)
+    e = np.exp(logs - mx)
+    total = _colsum(np.concatenate(rows_s) * e)
+    # Rounding weights; inf magnitudes only occur with zero terms, NaN marks no rounding.
+    w = _ROUND + _EPS4 * np.minimum(np.abs(np.concatenate(rows_m)), 1e300)
+    rnd = _colsum(np.where(np.isnan(w), 0.0, w * e))
+    if np.any(total <= 0):  # pragma: no cover - B > 0 in exact arithmetic
+        bad = alphas[total <= 0]
         raise PrivacyParameterError(
             f"subsampled Gaussian RDP lost all precision at orders {bad.tolist()} for "
             f"sampling_rate={q!r}, noise_multiplier={sigma!r}"
         )
-    rounding = _log_rounding(np.concatenate(round_l), np.concatenate(round_m))
-    log_b = np.logaddexp(log_b, rounding)
-    with np.errstate(over="ignore"):
-        log_a = np.where(log_b > 30.0, log_b + np.log1p(np.exp(-log_b)), np.log1p(np.exp(log_b)))
+    log_b = np.log(total + rnd) + mx
+    log_a = np.where(log_b > 30.0, log_b + np.log1p(np.exp(-log_b)), np.log1p(np.exp(log_b)))
     return _pad(log_a)
 
 
 def _gaussian_rdp_on_grid(
-    q: float, sigma: float, grid: _GridSplit, sel: NDArray[np.bool_] | None = None
+    q: float,
+    sigma: float,
+    grid: _GridSplit,
+    sel: NDArray[np.bool_] | None = None,
+    *,
+    cache: bool = False,
 ) -> FloatArray:
     """Poisson-subsampled Gaussian RDP at the distinct sorted orders ``grid.uniq[sel]``
     (all of them when ``sel`` is None); arguments already validated, ``0 < q < 1``.
 
     The value at an order does not depend on which other orders are evaluated with it.
     """
-    uniq = grid.uniq
+    with np.errstate(all="ignore"):  # the helpers below handle inf and NaN explicitly
+        return _gaussian_rdp_values(q, sigma, grid, sel, cache)
+
+
+def _gaussian_rdp_values(
+    q: float, sigma: float, grid: _GridSplit, sel: NDArray[np.bool_] | None, cache: bool
+) -> FloatArray:
     if sel is None:
-        sel = np.ones(uniq.shape, dtype=bool)
-    alphas = uniq[sel]
-    res = np.empty(alphas.shape, dtype=np.float64)
-    res[~grid.finite[sel]] = np.inf
-    two_var = 2.0 * sigma * sigma
-    with np.errstate(over="ignore"):
-        if grid.any_int:
-            s_int = sel[grid.is_int]
-            if s_int.any():
-                plan = grid.int_plan.subset(s_int)
-                res[grid.is_int[sel]] = _log_a_integer(q, sigma, plan) / (plan.alphas - 1.0)
-        if grid.any_frac:
-            s_frac = sel[grid.frac]
-            if s_frac.any():
-                fplan = grid.frac_plan.subset(s_frac)
-                af = fplan.alphas
-                # q <= 1/4: the central expansion is accurate everywhere it is allowed; above,
-                # MTZ's series alone first, the central expansion only where A - 1 is small.
-                ok = _central_ok(q, af)
+        sel = np.ones(grid.uniq.shape, dtype=bool)
+    alphas = grid.uniq[sel]
+    res = np.full(alphas.shape, np.inf)  # inf stays only at alpha = inf
+    plans = grid.subset_plans(sel) if cache else (None, None)
+    if grid.any_int:
+        s_int = sel[grid.is_int]
+        if s_int.any():
+            plan = plans[0] or grid.int_plan.subset(s_int)
+            res[grid.is_int[sel]] = _log_a_integer(q, sigma, plan) / (plan.alphas - 1.0)
+    if grid.any_frac:
+        s_frac = sel[grid.frac]
+        if s_frac.any():
+            fplan = plans[1] or grid.frac_plan.subset(s_frac)
+            af = fplan.alphas
+            # q <= 1/4: the central expansion is accurate everywhere it is allowed; above,
+            # MTZ's series alone first, the central expansion only where A - 1 is small.
+            ok = _central_ok(q, af)
+            if q <= 0.25 and ok.all():
+                log_a = _log_a_fractional(q, sigma, fplan, central=True)
+            else:
                 cen = ok & (q <= 0.25)
                 log_a = np.empty(af.shape)
                 if cen.any():
                     log_a[cen] = _log_a_fractional(q, sigma, fplan.subset(cen), central=True)
-                if not cen.all():
-                    rest = ~cen
-                    log_a[rest] = _log_a_fractional(q, sigma, fplan.subset(rest), central=False)
-                    redo = rest & ok & (log_a < _SMALL_LOG_A)
-                    if redo.any():  # both are upper bounds: keep the tighter one
-                        log_a[redo] = np.minimum(
-                            log_a[redo],
-                            _log_a_fractional(q, sigma, fplan.subset(redo), central=True),
-                        )
-                res[grid.frac[sel]] = log_a / (af - 1.0)
-    res = np.where(np.isnan(res), np.inf, res)  # only overflow can produce this
-    # Never above the Gaussian without sampling: (alpha - 1) D_alpha is convex in the first
-    # argument, so D_alpha((1-q) mu0 + q mu1 || mu0) <= q D_alpha(mu1 || mu0) <= alpha c.
-    with np.errstate(over="ignore"):
-        res = np.minimum(res, alphas / two_var)
+                rest = ~cen
+                log_a[rest] = _log_a_fractional(q, sigma, fplan.subset(rest), central=False)
+                redo = rest & ok & (log_a < _SMALL_LOG_A)
+                if redo.any():  # both are upper bounds: keep the tighter one
+                    log_a[redo] = np.minimum(
+                        log_a[redo],
+                        _log_a_fractional(q, sigma, fplan.subset(redo), central=True),
+                    )
+            res[grid.frac[sel]] = log_a / (af - 1.0)
+    # NaN only from overflow: inf. Never above the Gaussian without sampling: (alpha - 1)
+    # D_alpha is convex in the first argument, so D_alpha((1-q) mu0 + q mu1 || mu0) <=
+    # q D_alpha(mu1 || mu0) <= alpha c.
+    res = np.fmin(np.where(np.isnan(res), np.inf, res), alphas / (2.0 * sigma * sigma))
     return np.asarray(np.maximum(res, 0.0), dtype=np.float64)
 
 
 def _gaussian_rdp_subset(
-    q: float, sigma: float, orders: FloatArray, sel: NDArray[np.bool_]
+    q: float, sigma: float, orders: FloatArray, sel: NDArray[np.bool_], *, cache: bool = False
 ) -> FloatArray:
     """:func:`poisson_subsampled_gaussian_rdp` at ``orders[sel]``, for a validated, sorted grid
     without duplicates, ``0 < q < 1`` and ``1 / (2 sigma^2)`` finite (the RDP accountant's lazy
-    evaluation). Bit-for-bit the values that function returns at those orders."""
-    return _gaussian_rdp_on_grid(q, sigma, _grid_split(orders.tobytes()), sel)
+    evaluation). Bit-for-bit the values that function returns at those orders. ``cache``
+    keeps the gathered tables of this subset of orders with the grid (for a subset that is a
+    function of the grid alone, such as the accountant's first pass)."""
+    return _gaussian_rdp_on_grid(q, sigma, _grid_split(orders.tobytes()), sel, cache=cache)
 
 
 def poisson_subsampled_gaussian_rdp(
@@ -870,7 +877,8 @@ def sampled_without_replacement_gaussian_rdp(
         terms = np.where(k == 2, plan.lb + 2 * lg + log_two, terms)
         terms = np.where(k == 0, 0.0, np.where(k == 1, -np.inf, terms))
         mags = plan.lb_mag - k * lg + c * plan.kk + 1.0
-        vals = _ragged_lse(terms, plan.starts, plan.row, mags)
+        with np.errstate(all="ignore"):
+            vals = _ragged_lse(terms, plan.starts, plan.row, mags)
         f.update(zip(ints.tolist(), _pad(vals).tolist(), strict=True))
     elif ints.size:
         f.update(dict.fromkeys(ints.tolist(), math.inf))
@@ -949,7 +957,8 @@ def poisson_subsampled_rdp(
         terms = np.where(k >= 3, terms + math.log(3.0), terms)
         # k = 0 and k = 1 together give (1-q)^(alpha-1) (alpha q - q + 1): exact as they are.
         mags = plan.lb_mag - (plan.a - k) * log1mq - k * logq + (k - 1) * e_k
-        vals = _pad(_ragged_lse(terms, plan.starts, plan.row, mags))
+        with np.errstate(all="ignore"):
+            vals = _pad(_ragged_lse(terms, plan.starts, plan.row, mags))
         # Never above the mechanism itself (exp((alpha-1) D_alpha) is jointly convex).
         vals = np.minimum(vals, (ints - 1.0) * eps[(ints - 2).astype(np.intp)])
         f = {1.0: 0.0, **dict(zip(ints.tolist(), vals.tolist(), strict=True))}

@@ -141,11 +141,15 @@ _MAX_PENDING = 8
 class _Sampled:
     """Poisson-subsampled Gaussian, ``0 < q < 1``: evaluated on demand, order by order."""
 
-    __slots__ = ("key", "q", "sigma")
+    __slots__ = ("floor", "key", "q", "sigma")
 
     def __init__(self, q: float, sigma: float) -> None:
         self.q, self.sigma = q, sigma
         self.key = (q, sigma)
+        # A lower bound at every order: D_alpha >= KL >= 2 TV^2 (monotonicity in the order;
+        # Pinsker), TV(mu, mu0) = q TV(N(1, s^2), N(0, s^2)) = q erf(1 / (2 sqrt(2) s)).
+        tv = q * math.erf(1.0 / (2.0 * math.sqrt(2.0) * sigma))
+        self.floor = 2.0 * tv * tv * (1.0 - _SLACK)
 
 
 class _Sum:
@@ -212,28 +216,73 @@ def _evaluate(node: Any, leaf: dict[tuple[float, float], NDArray[np.float64]]) -
     return _times(node.count, _evaluate(node.child, leaf))
 
 
+class _GridInfo:
+    """Order-dependent helpers of a grid: the orders evaluated first (the integer orders up to
+    64, cheap and spaced closely enough for sharp convexity bounds, or every 8th order if the
+    grid has fewer than 4 of them, and inf) and the order-only parts of the conversion of
+    Balle et al. 2020, Thm. 21 (the same operations as :func:`renyi.conversions.rdp_to_dp`)."""
+
+    def __init__(self, a: NDArray[np.float64]) -> None:
+        finite = np.isfinite(a)
+        first = finite & (a == np.floor(a)) & (a <= 64.0)
+        if np.count_nonzero(first) < 4:
+            first = np.zeros(a.shape, dtype=bool)
+            first[::8] = True
+        self.first = first | ~finite
+        self.first.setflags(write=False)
+        self.is_inf = np.isinf(a)
+        self.first_geometry = _Geometry(a, self.first)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self.log1p_inv = np.log1p(-1.0 / a)
+            self.log_a = np.log(a)
+            self.a_m1 = a - 1.0
+
+    def balle(self, e: NDArray[np.float64], delta: float) -> NDArray[np.float64]:
+        """``conversions._balle_epsilons(a, e, log(delta))``, bit for bit."""
+        val = e + self.log1p_inv - (math.log(delta) + self.log_a) / self.a_m1
+        return np.where(self.is_inf, e, val)
+
+
 @functools.lru_cache(maxsize=16)
-def _first_pass(key: bytes) -> NDArray[np.bool_]:
-    """Orders evaluated first (order-dependent only): the integer orders up to 64 (cheap, and
-    spaced closely enough for sharp convexity bounds), or every 8th order if the grid has
-    fewer than 4 of them, and inf."""
-    a = np.frombuffer(key, dtype=np.float64)
-    finite = np.isfinite(a)
-    sel = finite & (a == np.floor(a)) & (a <= 64.0)
-    if np.count_nonzero(sel) < 4:
-        sel = np.zeros(a.shape, dtype=bool)
-        sel[::8] = True
-    sel |= ~finite
-    sel.setflags(write=False)
-    return sel
+def _grid_info_cached(key: bytes) -> _GridInfo:
+    return _GridInfo(np.frombuffer(key, dtype=np.float64))
+
+
+def _grid_info(a: NDArray[np.float64]) -> _GridInfo:
+    if a is _DEFAULT_GRID:
+        return _DEFAULT_INFO
+    return _grid_info_cached(a.tobytes())
+
+
+def _bh_possible(total: NDArray[np.float64], delta: float) -> bool:
+    """Whether ``delta >= sqrt(1 - exp(-eps))`` at some order, for lower bounds ``total``."""
+    return bool((np.sqrt(-np.expm1(-total)) <= delta).any())
+
+
+class _Geometry:
+    """Where each order sits among the evaluated orders ``have`` (see :func:`_lower_bound`):
+    indices, in the evaluated orders padded with two NaN on each side, of the two evaluated
+    orders below (``p0 < p1``) and above (``n1 < n2``), and the chord-extension factors."""
+
+    def __init__(self, a: NDArray[np.float64], have: NDArray[np.bool_]) -> None:
+        nan2 = (np.nan, np.nan)
+        self.idx = np.flatnonzero(have)
+        ae = np.concatenate((nan2, a[self.idx], nan2))
+        c = np.cumsum(have)  # at an unevaluated order: how many evaluated orders lie below
+        self.p0, self.p1, self.n1, self.n2 = c, c + 1, c + 2, c + 3
+        with np.errstate(invalid="ignore", divide="ignore"):
+            self.ae_m1 = ae - 1.0
+            self.up = (a - ae[self.p1]) / (ae[self.p1] - ae[self.p0])
+            self.down = (ae[self.n1] - a) / (ae[self.n2] - ae[self.n1])
+            self.a_m1 = a - 1.0
 
 
 def _lower_bound(
     a: NDArray[np.float64],
     vals: NDArray[np.float64],
     have: NDArray[np.bool_],
-    *,
-    chords: bool = True,
+    floor: float = 0.0,
+    geometry: _Geometry | None = None,
 ) -> NDArray[np.float64]:
     """A lower bound of one subsampled-Gaussian curve at every order from its values at the
     orders ``have`` (returned as they are there).
@@ -244,28 +293,18 @@ def _lower_bound(
     ``p0 < p1 < α``, ``F(α) >= F(p1) + (F(p1) - F(p0)) (α - p1) / (p1 - p0)``, and with
     ``α < n1 < n2``, ``F(α) >= F(n1) - (F(n2) - F(n1)) (n1 - α) / (n2 - n1)``. Each bound is
     evaluated with ``F`` rounded down where it enters positively and up where negatively;
-    bounds that cannot be formed (no such orders, inf) come out NaN and are skipped.
+    bounds that cannot be formed (no such orders, inf) come out NaN and are skipped. ``floor``
+    is a lower bound valid at every order. Call under ``np.errstate(all="ignore")``.
     """
-    nan2 = (np.nan, np.nan)
-    idx = np.flatnonzero(have)
-    ae = np.concatenate((nan2, a[idx], nan2))  # evaluated orders, padded on both sides
-    ve = np.concatenate((nan2, vals[idx], nan2))
-    c = np.cumsum(have)  # at an unevaluated order: how many evaluated orders lie below it
+    g = geometry if geometry is not None else _Geometry(a, have)
+    ve = np.concatenate(((np.nan, np.nan), vals[g.idx], (np.nan, np.nan)))
+    fe = g.ae_m1 * ve
     lo, hi = 1.0 - _SLACK, 1.0 + _SLACK
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        lb = np.fmax(ve[c + 1] * lo, 0.0)  # monotonicity: the value just below
-        if chords:
-            fe = (ae - 1.0) * ve
-            p0, p1, n1, n2 = c, c + 1, c + 2, c + 3
-            f1, g1 = fe[p1] * lo, fe[n1] * lo
-            up = (f1 + (f1 - fe[p0] * hi) * (a - ae[p1]) / (ae[p1] - ae[p0])) / (a - 1.0)
-            down = (g1 - (fe[n2] * hi - g1) * (ae[n1] - a) / (ae[n2] - ae[n1])) / (a - 1.0)
-            lb = np.fmax(lb, np.fmax(up, down))
-    return np.where(have, vals, lb)
-
-
-def _balle(a: NDArray[np.float64], e: NDArray[np.float64], delta: float) -> NDArray[np.float64]:
-    return conversions._balle_epsilons(a, e, math.log(delta))
+    lb = np.fmax(ve[g.p1] * lo, floor)  # monotonicity: the value just below
+    f1, g1 = fe[g.p1] * lo, fe[g.n1] * lo
+    up = (f1 + (f1 - fe[g.p0] * hi) * g.up) / g.a_m1
+    down = (g1 - (fe[g.n2] * hi - g1) * g.down) / g.a_m1
+    return np.where(have, vals, np.fmax(lb, np.fmax(up, down)))
 
 
 class RdpAccountant(Accountant):
@@ -328,7 +367,7 @@ class RdpAccountant(Accountant):
 
     # -- lazy evaluation ------------------------------------------------------------------
 
-    def _evaluate_at(self, leaf: _Sampled, sel: NDArray[np.bool_]) -> None:
+    def _evaluate_at(self, leaf: _Sampled, sel: NDArray[np.bool_], cache: bool = False) -> None:
         """Make sure the curve of ``leaf`` is known at the orders ``sel``."""
         vals, have = self._values.get(leaf.key, (None, None))
         if vals is None or have is None:
@@ -337,7 +376,9 @@ class RdpAccountant(Accountant):
             self._values[leaf.key] = (vals, have)
         need = sel & ~have
         if need.any():
-            vals[need] = subsampling._gaussian_rdp_subset(leaf.q, leaf.sigma, self._orders, need)
+            vals[need] = subsampling._gaussian_rdp_subset(
+                leaf.q, leaf.sigma, self._orders, need, cache=cache and bool((need == sel).all())
+            )
             have |= need
 
     def _pending_total(self, leaf: dict[tuple[float, float], NDArray[np.float64]]) -> Any:
@@ -363,37 +404,44 @@ class RdpAccountant(Accountant):
         """``(epsilon, order)`` of the full grid, evaluating the subsampled Gaussian only where
         it can matter; None where the Bretagnolle-Huber case cannot be ruled out."""
         a = self._orders
+        grid = _grid_info(a)
         leaves: dict[tuple[float, float], _Sampled] = {}
         for cost, _ in self._pending:
             _leaves(cost, leaves)
-        sel = _first_pass(a.tobytes())
-        for final in (False, True):
+        for leaf in leaves.values():
+            self._evaluate_at(leaf, grid.first, cache=True)
+        # First pass: exact values where every leaf is known, lower bounds elsewhere.
+        ev = np.ones(a.shape, dtype=bool)
+        lower: dict[tuple[float, float], NDArray[np.float64]] = {}
+        for key in leaves:
+            vals, have = self._values[key]
+            ev &= have
+            geometry = grid.first_geometry if (have == grid.first).all() else None
+            lower[key] = _lower_bound(a, vals, have, leaves[key].floor, geometry)
+        total = self._pending_total(lower)
+        eps = grid.balle(total, delta)
+        best = float(np.min(eps[ev]))
+        # Every order whose bound does not exceed the best value so far is evaluated, and the
+        # first order if Bretagnolle-Huber (rdp_to_dp's first test: some order with
+        # sqrt(1 - exp(-eps(alpha))) <= delta) is not ruled out yet: its value bounds the rest.
+        todo = ~ev & ~(eps > best)
+        if not ev[0] and _bh_possible(total, delta):
+            todo[0] = True
+        if todo.any():
             for leaf in leaves.values():
-                self._evaluate_at(leaf, sel)
-            ev = np.ones(a.shape, dtype=bool)
-            lower: dict[tuple[float, float], NDArray[np.float64]] = {}
+                self._evaluate_at(leaf, todo)
+            ev |= todo
+            # Exact where evaluated, monotone lower bounds elsewhere (for the BH test only).
             for key in leaves:
                 vals, have = self._values[key]
-                ev &= have
-                lower[key] = _lower_bound(a, vals, have, chords=not final)
-            total = self._pending_total(lower)  # exact where ev, a lower bound elsewhere
-            eps = _balle(a, total, delta)
-            best = float(np.min(eps[ev]))
-            # Bretagnolle-Huber (rdp_to_dp's first test) applies only if some order has
-            # sqrt(1 - exp(-eps(alpha))) <= delta; rule it out with the lower bounds.
-            with np.errstate(over="ignore"):
-                bh = np.sqrt(-np.expm1(-total)) <= delta
-            if final:
-                break
-            # Every order whose bound does not exceed the best value so far, and the first
-            # order if Bretagnolle-Huber is not ruled out yet (its value bounds all others).
-            sel = ~ev & ~(eps > best)
-            if bh.any():
-                sel[0] = not ev[0]
-            if not sel.any():
-                break
-        if bh.any():
+                known = np.where(have, vals, 0.0)
+                mono = np.maximum(np.maximum.accumulate(known) * (1.0 - _SLACK), leaves[key].floor)
+                lower[key] = np.where(have, vals, mono)
+            total = self._pending_total(lower)
+            eps = grid.balle(total, delta)
+        if _bh_possible(total, delta):
             return None  # Bretagnolle-Huber might apply: let the full grid decide
+        # Orders outside ev were ruled out: their bound exceeds a value attained on ev.
         eps = np.where(ev, eps, np.inf)
         i = int(np.argmin(eps))
         return max(float(eps[i]), 0.0), float(a[i])
@@ -402,7 +450,8 @@ class RdpAccountant(Accountant):
 
     def _epsilon(self, delta: float) -> EpsilonResult:
         if self._pending and self._orders.size > _MIN_LAZY_ORDERS:
-            found = self._lazy_epsilon(delta)
+            with np.errstate(all="ignore"):  # inf and NaN are handled explicitly
+                found = self._lazy_epsilon(delta)
             if found is not None:
                 eps, order = found
                 _warn_edge(order, self._orders)
@@ -422,3 +471,4 @@ def _grid(orders: ArrayLike) -> NDArray[np.float64]:
 
 
 _DEFAULT_GRID = _grid(DEFAULT_ORDERS)
+_DEFAULT_INFO = _GridInfo(_DEFAULT_GRID)
