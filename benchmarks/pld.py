@@ -9,8 +9,9 @@ epsilon and the ratio peer time / renyi time (> 1: renyi is faster). renyi repor
 bracket [lower, upper]; "upper" is the number comparable to dp_accounting's pessimistic
 estimate. The last table shows run time against T: compositions wider than max_bins = 2^17
 grid points run as a ladder of FFT powers on grids coarsened by powers of two, so time grows
-like log T (column ms / ln T); "no ladder" is the same computation with max_bins = 2^22 (one
-FFT power on the fine grid, window ~ sqrt(T)). "width" is (upper - lower) / upper, "grid" the
+like log T (column ms / ln T; "cpu" is the process time, less sensitive to other jobs on a
+shared machine); "no ladder" is the same computation with max_bins = 2^22 (one FFT power on
+the fine grid, window ~ sqrt(T)). "width" is (upper - lower) / upper, "grid" the
 grid step and points of the composed distribution (remove direction).
 """
 
@@ -107,6 +108,26 @@ def interleaved(tasks: dict[str, Callable[[], Any]], repeats: int) -> dict[str, 
     return {k: (statistics.median(v), values[k]) for k, v in times.items()}
 
 
+def interleaved_cpu(
+    tasks: dict[str, Callable[[], Any]], repeats: int
+) -> tuple[dict[str, tuple[float, Any]], dict[str, float]]:
+    """:func:`interleaved`, also returning the median process (CPU) time of each task: less
+    sensitive than wall time to other jobs on a shared machine."""
+    wall: dict[str, list[float]] = {k: [] for k in tasks}
+    cpu: dict[str, list[float]] = {k: [] for k in tasks}
+    values = {name: fn() for name, fn in tasks.items()}  # warm-up
+    for _ in range(repeats):
+        for name, fn in tasks.items():
+            c0, t0 = time.process_time(), time.perf_counter()
+            values[name] = fn()
+            wall[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
+    return (
+        {k: (statistics.median(v), values[k]) for k, v in wall.items()},
+        {k: statistics.median(v) for k, v in cpu.items()},
+    )
+
+
 def fmt_eps(v: Any) -> str:
     if isinstance(v, tuple):
         return f"{v[2]:.6f}  [{v[0]:.4f}, {v[2]:.4f}]"
@@ -151,38 +172,46 @@ def main() -> None:
     tiny = {"renyi": lambda: ours(h=1e-4, delta=1e-12)}
     print(table("MNIST eps(delta=1e-12), h=1e-4", interleaved(tiny, 3)))
     print()
+    # renyi alone first, all T interleaved (the peers' large allocations would otherwise
+    # slow whichever call comes next); then the peers, each row interleaved with renyi
+    counts = (10**3, 10**4, 10**5, 10**6)
+    own: dict[str, Callable[[], Any]] = {}
+    for steps in counts:
+        own[f"renyi {steps}"] = partial(ours_scaling, steps)
+        own[f"direct {steps}"] = partial(ours_scaling, steps, max_bins=1 << 22)
+    mine, cpu = interleaved_cpu(own, args.repeats)
     print("run time against T (h=1e-4, both directions, both bounds; median of interleaved runs)")
     head = (
-        f"{'T':>9s} {'renyi':>9s} {'ms/ln T':>7s} {'eps lower':>10s} {'eps upper':>10s}"
+        f"{'T':>9s} {'renyi':>9s} {'ms/ln T':>7s} {'cpu':>9s} {'cpu/ln T':>8s}"
+        f" {'eps lower':>10s} {'eps upper':>10s}"
         f" {'width':>7s} {'grid':>8s} {'points':>7s} {'no ladder':>10s}"
         f" {'dp_accounting':>13s} {'opacus PRV':>10s}"
     )
     print(head)
-    for steps in (10**3, 10**4, 10**5, 10**6):
-        row: dict[str, Callable[[], Any]] = {
-            "renyi": partial(ours_scaling, steps),
-            "direct": partial(ours_scaling, steps, max_bins=1 << 22),
-        }
-        if not args.quick or steps <= 10**4:
-            row["dpa"] = partial(dp_accounting_pld, steps=steps)
-            row["prv"] = partial(opacus_prv, steps=steps)
-        res = interleaved(row, max(3, args.repeats // 2) if steps >= 10**5 else args.repeats)
-        t, (lo, up, grid, points) = res["renyi"]
+    for steps in counts:
+        t, (lo, up, grid, points) = mine[f"renyi {steps}"]
         cells = [
             f"{t * 1e3:7.1f}ms",
             f"{t * 1e3 / math.log(steps):7.2f}",
+            f"{cpu[f'renyi {steps}'] * 1e3:7.1f}ms",
+            f"{cpu[f'renyi {steps}'] * 1e3 / math.log(steps):8.2f}",
             f"{lo:10.5f}",
             f"{up:10.5f}",
             f"{(up - lo) / up:7.4f}",
             f"{grid:8.1e}",
             f"{points:7d}",
-            f"{res['direct'][0] * 1e3:8.1f}ms",
+            f"{mine[f'direct {steps}'][0] * 1e3:8.1f}ms",
         ]
+        row: dict[str, Callable[[], Any]] = {}
+        if not args.quick or steps <= 10**4:
+            row["dpa"] = partial(dp_accounting_pld, steps=steps)
+            row["prv"] = partial(opacus_prv, steps=steps)
+        res = interleaved(row, 2 if steps >= 10**5 else 3) if row else {}
         for key, width in (("dpa", 11), ("prv", 8)):
             cells.append(
                 f"{res[key][0] * 1e3:{width}.1f}ms" if key in res else f"{'-':>{width + 2}s}"
             )
-        print(f"{steps:9d} " + " ".join(cells))
+        print(f"{steps:9d} " + " ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

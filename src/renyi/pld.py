@@ -1848,7 +1848,8 @@ class PrivacyLossDistribution:
     # -- properties -----------------------------------------------------------------------
     @property
     def value_discretization_interval(self) -> float:
-        """Grid spacing ``h`` of the losses (may grow when a huge composition is coarsened)."""
+        """Grid spacing of the losses: the step's ``h``, or a power-of-two multiple of it
+        after a self-composition wider than ``max_bins`` points (see :meth:`self_compose`)."""
         return self.upper_side.h
 
     @property
