@@ -1896,19 +1896,27 @@ class PrivacyLossDistribution:
 
         If the composed distribution fits in ``max_bins`` grid points (Chernoff window: at
         most ``tail_mass`` escapes it, charged to ``+inf`` in the upper bound), it is one FFT
-        raised to the power ``count`` on this PLD's grid, exactly as before. Otherwise a
-        ladder: one FFT power ``step^t0`` on the step's grid (window up to
-        ``max(max_bins, 2 * support_size)``), then for each base-4 digit ``d`` of the rest
-        of the count, ``A <- coarsen(A)^4 * step^d``, coarsening by powers of two so that no
-        window exceeds ``max_bins`` points. The spread of the composed loss grows like
-        ``sqrt(count)``, so the grid grows with it (the result's
-        :attr:`value_discretization_interval`) and the number of grid points per standard
-        deviation stays roughly constant; coarsening is rigorous (connect-the-dots above,
-        mean-preserving rounding below), and late coarsening costs little accuracy
-        (discretisation error of a grid ``H`` grows like ``count * H^2``). ``max_bins``
-        (1024 to ``2**22``, default ``2**16``) trades time for accuracy; ``2**22``
-        effectively disables the ladder. ``tilt`` fixes the exponential tilt of the
-        round-off control (default: chosen automatically).
+        raised to the power ``count`` on this PLD's grid, as in earlier versions. Otherwise a
+        ladder: one FFT power ``step^t0`` on the step's grid (the largest ``t0`` whose window
+        fits ``max(max_bins, 2 * support_size)`` points), then for each base-``m`` digit
+        ``d`` of the rest of the count (``m <= 16``), ``A <- coarsen(A)^m * step^d``,
+        coarsening by powers of two so that the level windows stay within ``max_bins / 4``
+        points. The spread of the composed loss grows like ``sqrt(count)``, so the grid
+        grows with it (the result's :attr:`value_discretization_interval`) and the number of
+        grid points per standard deviation stays roughly constant. Coarsening is rigorous
+        (connect-the-dots above, mean-preserving rounding below) and happens only once the
+        inputs hold enough steps that it adds at most ~1/8 of the fine grid's own
+        discretisation error (which grows like ``count * h^2``). ``max_bins`` (an integer in
+        ``[1024, 2**22]``, default ``2**17``) trades time for accuracy; ``2**22`` switches the
+        ladder off. ``tilt`` fixes the exponential tilt of the round-off control (default:
+        chosen automatically). See docs/pld.md, "Large counts".
+
+        Example
+        -------
+        >>> step = PrivacyLossDistribution.subsampled_gaussian(256 / 60000, 1.1)
+        >>> big = step.self_compose(10**6)  # a few FFTs of <= 2**17 points
+        >>> big.value_discretization_interval > 1e-4 and big.support_size <= 2**17
+        True
         """
         n = check_int("count", count, 0)
         tl = _check_tilt(tilt)
