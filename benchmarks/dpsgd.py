@@ -5,20 +5,20 @@ Two parts, both with ``torch.set_num_threads(1)``:
 1. **Throughput and memory** (``--throughput``): the Opacus MNIST-example CNN (26k
    parameters, 1×28×28 inputs, batch 256) and an MLP 100-512-512-2 (315k parameters, batch
    512), one training step repeated on a fixed random batch. Configurations: non-private
-   SGD, renyi (``DPOptimizer``, clipping engine ``mode="auto"`` = ghost where possible, secure
-   noise), renyi with ``mode="vmap"``, Opacus hooks, Opacus ghost clipping. Every measurement
-   runs in a fresh subprocess (so peak RSS is that configuration's own), configurations are
-   interleaved round by round. Each subprocess times its steps one by one (after 3 warm-up
-   steps) and reports the median step time (and the mean and the best) and its peak RSS;
-   then it times its steps alternating with those of a non-private twin of the model in the
-   same process: the ratio to non-private time (``×time``) is the median of those
-   step-by-step ratios (each pair sees the same load of a shared machine), median over
-   rounds. The ratios of separate processes' median (and, as earlier versions, mean) step
-   times and of the fastest steps are reported too. Every subprocess first imports the same
-   libraries (torch, opacus, renyi with its accountant and scipy, cryptography), whatever it
-   measures, so that peak RSS differences are the training step's; the subprocesses are
-   started before this process imports torch (Linux carries peak RSS across ``exec``), as in
-   benchmarks/dpsgd_engine.py.
+   SGD, renyi (``DPOptimizer``, clipping engine ``mode="auto"`` = ghost where possible,
+   secure noise), renyi with ``mode="vmap"``, Opacus hooks, Opacus ghost clipping. Every
+   measurement runs in a fresh subprocess (so peak RSS is that configuration's own),
+   configurations are interleaved round by round. Each subprocess times its steps one by one
+   (after 3 warm-up steps) and reports the median step time (and the mean and the best) and
+   its peak RSS; then it times its steps alternating (two by two, the second timed) with
+   those of a non-private twin of the model in the same process: the ratio to non-private
+   time (``×time``) is the median of those step-by-step ratios (each pair sees the same load
+   of a shared machine), median over rounds. The ratios of separate processes' median (and,
+   as earlier versions, mean) step times and of the fastest steps are reported too. Every
+   subprocess first imports the same libraries (torch, opacus, renyi with its accountant and
+   scipy, cryptography), whatever it measures, so that peak RSS differences are the training
+   step's; the subprocesses are started before this process imports torch (Linux carries
+   peak RSS across ``exec``), as in benchmarks/dpsgd_engine.py.
 2. **Accuracy at equal ε** (``--accuracy``): each library calibrates σ to the same (ε, δ)
    with its own accountant and trains the same model with the same optimizer, epochs and
    expected batch size; mean test accuracy over ``--seeds`` seeds. On scikit-learn's digits
@@ -199,8 +199,9 @@ def child(model_name: str, config: str, steps: int) -> dict[str, Any]:
             break  # Opacus hooks on the MLP take ~1 s a step
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     # Phase 2 (after the RSS is read): steps alternating with those of a non-private twin
-    # (same model, own SGD) in this process; the ratio of each adjacent pair sees the same
-    # machine load, unlike two processes measured seconds apart.
+    # (same model, own SGD) in this process, two at a time, the second one timed; the ratio
+    # of each adjacent pair sees the same machine load, unlike two processes measured
+    # seconds apart.
     torch.manual_seed(0)
     twin = build(model_name)
     twin_sgd = torch.optim.SGD(twin.parameters(), lr=0.01)
@@ -217,8 +218,10 @@ def child(model_name: str, config: str, steps: int) -> dict[str, Any]:
     start = time.perf_counter()
     while len(ratios) < steps:
         pair = []
-        # alternate which of the two goes first
+        # alternate which of the two goes first; each runs one untimed step first, so that
+        # the timed one finds its own data in the caches (the previous step was the other's)
         for f in (twin_step, step) if len(ratios) % 2 == 0 else (step, twin_step):
+            f()
             t0 = time.perf_counter()
             f()
             pair.append((f is step, time.perf_counter() - t0))
