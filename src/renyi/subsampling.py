@@ -75,6 +75,7 @@ _EULER_TERMS = 24
 # Rounding allowance added to every log(A) (relative, and absolute where A itself was summed).
 _ROUND = 64.0 * float(np.finfo(np.float64).eps)
 _EPS4 = 4.0 * float(np.finfo(np.float64).eps)
+_EULER_ROUND = 64.0 * float(np.finfo(np.float64).eps)  # rounding pad of an Euler-tail bound
 # Limits of the expansion around 1: number of terms, and log of its rounding growth factor.
 _CENTRAL_MAX_TERMS = 1500
 _CENTRAL_MAX_GROWTH = 8.0
@@ -84,6 +85,8 @@ _CENTRAL_EXTRA = 48
 _SMALL_LOG_A = 1e-2
 # Integer orders, expansion around 1: exact terms up to this k, then a rigorous tail bound.
 _CENTRAL_INT_TERMS = 64
+# Integer orders, expansion around 1: up to this many terms in all, mask instead of gather.
+_MASK_TERMS = 4096
 
 
 def _central_ok(q: float, alphas: FloatArray) -> NDArray[np.bool_]:
@@ -287,6 +290,7 @@ class _FractionalPlan:
     sb: FloatArray
     lb_mag: FloatArray
     sb_head: FloatArray
+    sb_head2: FloatArray
     s_k: FloatArray
     tail_flat: NDArray[np.intp]
     k1: NDArray[np.intp]
@@ -298,6 +302,8 @@ class _FractionalPlan:
     per_order: FloatArray
     mtz: FloatArray
     cen: FloatArray
+    mtz_by_order: FloatArray
+    cen_by_order: FloatArray
 
     def __init__(self, alphas: FloatArray) -> None:
         self.alphas = alphas
@@ -320,7 +326,11 @@ class _FractionalPlan:
         self.per_order = np.stack([alphas, self.k_start, self.width, self.k1, self.s_k, self.lbk1])
         j = a - self.k  # exponents of the upper series, j^2 - j, |j|
         self.mtz = np.stack([self.lb, self.sb, self.lb_mag, self.sb_head, j, j * j - j, abs(j)])
+        self.sb_head2 = np.concatenate([self.sb_head, self.sb_head])  # two series stacked
         self.cen = np.stack([self.lbc, self.sbc, self.lbc_mag])
+        # Order-major copies: a subset of orders reads contiguous blocks.
+        self.mtz_by_order = np.ascontiguousarray(self.mtz.transpose(2, 0, 1))
+        self.cen_by_order = np.ascontiguousarray(self.cen.transpose(2, 0, 1))
 
     def subset(self, sel: NDArray[np.bool_]) -> _FractionalPlan:
         """The plan of the orders ``alphas[sel]`` (columns and the rows they need)."""
@@ -334,9 +344,12 @@ class _FractionalPlan:
         w = int(out.width.max())
         wc = int(out.k1.max()) - 2
         out.k, out.kc = self.k[:w], self.kc[:wc]
-        out.mtz = self.mtz[:, :w].take(cols, axis=2)
-        out.cen = self.cen[:, :wc].take(cols, axis=2)
+        out.mtz_by_order = self.mtz_by_order[cols, :, :w]
+        out.cen_by_order = self.cen_by_order[cols, :, :wc]
+        out.mtz = np.ascontiguousarray(out.mtz_by_order.transpose(1, 2, 0))
+        out.cen = np.ascontiguousarray(out.cen_by_order.transpose(1, 2, 0))
         out.lb, out.sb, out.lb_mag, out.sb_head = out.mtz[:4]
+        out.sb_head2 = np.concatenate([out.sb_head, out.sb_head])
         out.lbc, out.sbc, out.lbc_mag = out.cen
         out.tail_flat = out._tail_flat()
         return out
@@ -466,13 +479,15 @@ def _log_a_integer(q: float, sigma: float, plan: _IntegerPlan) -> FloatArray:
     ck = c * plan.kk
     terms = plan.lb + plan.a * log1mq + plan.k * (logq - log1mq) + ck
     mags = plan.lb_mag - plan.a * log1mq - plan.k * logq + ck
-    log_a = _ragged_lse(terms, plan.starts, plan.row, mags)
+    log_a = _ragged_lse(terms, plan.starts, plan.row, mags, finite_mags=True)
 
     small = _central_ok(q, alphas) & (log_a < _SMALL_LOG_A)
     if small.any():
-        sub = plan.subset(small)
+        # On a short table, mask the other orders' terms instead of gathering the small ones
+        # (the segments' sums do not depend on each other either way).
+        sub = plan if plan.k.size <= _MASK_TERMS else plan.subset(small)
         k_s = sub.k
-        kc = int(min(sub.alphas[-1], _CENTRAL_INT_TERMS))
+        kc = int(min(alphas[small][-1], _CENTRAL_INT_TERMS))
         log_m, _sgn_m, rnd_m = _moments_log(c, sigma, math.inf, kc)
         # E[Y^k] >= 0 exactly; a negative computed value is pure rounding: use its size plus
         # the rounding allowance, an upper bound either way.
@@ -483,14 +498,20 @@ def _log_a_integer(q: float, sigma: float, plan: _IntegerPlan) -> FloatArray:
         head = sub.lb + k_s * logq
         tail = np.logaddexp(0.0, ck_s)  # rigorous bound for k > kc
         t = head + np.where(k_s > kc, tail, lm)
-        t = np.where(k_s >= 2, t, -np.inf)
-        log_b = _ragged_lse(t, sub.starts, sub.row, mags)
+        keep = (k_s >= 2) & small[sub.row] if sub is plan else k_s >= 2
+        log_b = _ragged_lse(np.where(keep, t, -np.inf), sub.starts, sub.row, mags)
+        if sub is plan:
+            log_b = log_b[small]
         log_a[small] = np.minimum(log_a[small], np.log1p(np.exp(log_b)))
     return _pad(log_a)
 
 
 def _ragged_lse(
-    terms: FloatArray, starts: NDArray[np.intp], row: NDArray[np.intp], mags: FloatArray
+    terms: FloatArray,
+    starts: NDArray[np.intp],
+    row: NDArray[np.intp],
+    mags: FloatArray,
+    finite_mags: bool = False,
 ) -> FloatArray:
     """Log-sum-exp of positive terms per segment plus the rounding allowance
     ``sum |term| (_ROUND + 4 eps mags)`` (``mags``: magnitudes of the parts each log-term was
@@ -500,7 +521,9 @@ def _ragged_lse(
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(terms - m[row])
     s = np.add.reduceat(e, starts)
-    w = np.where(e > 0, e * (_ROUND + _EPS4 * np.abs(mags)), 0.0)
+    w = e * (_ROUND + _EPS4 * np.abs(mags))
+    if not finite_mags:  # an infinite magnitude goes with a zero term
+        w = np.where(e > 0, w, 0.0)
     s = s + np.add.reduceat(w, starts)
     return np.asarray(np.log(s) + m, dtype=np.float64)
 
@@ -537,10 +560,10 @@ def _series_with_euler_tail(logs: FloatArray, plan: _FractionalPlan) -> FloatArr
     f = np.exp(tail_l - sc[:, None, :])
     est = _seqsum(f * w, axis=1)
     # Rounding in the m-th difference: pad by a multiple of the unit roundoff of f(K).
-    bnd = np.maximum(_seqsum(f * bw, axis=1), 0.0) + 64.0 * np.finfo(np.float64).eps * finite
+    bnd = np.maximum(_seqsum(f * bw, axis=1), 0.0) + _EULER_ROUND * finite
     total = est + np.where(plan.s_k > 0, bnd, 0.0)  # tail magnitude, upper/lower by sign
     tl = np.where(total > 0, np.log(np.abs(total)) + sc, -np.inf)
-    return np.stack([tl, plan.s_k * np.sign(total)])
+    return np.concatenate([tl[None], (plan.s_k * np.sign(total))[None]])
 
 
 def _log_a_fractional(
@@ -603,7 +626,7 @@ def _log_a_fractional(
         lphi = _log_ndtr_diff((z0 - k) / sigma, (z_c - k) / sigma)
         t1 = plan.lb + a * log1mq + (k * (logq - log1mq) + ckk + lphi)
         m1 = plan.lb_mag - a * log1mq + (k * (-logq) + ckk + np.abs(lphi))
-        series, mags = np.stack([t1, t2]), np.stack([m1, m2])
+        series, mags = np.concatenate([t1[None], t2[None]]), np.concatenate([m1[None], m2[None]])
     else:
         series, mags = t2[None], m2[None]
     tail = _series_with_euler_tail(series, plan)  # both series' tails in one pass
@@ -611,7 +634,7 @@ def _log_a_fractional(
     # Every row of the series counts for rounding; only the head rows enter B as they are,
     # the rest through the Euler-transformed tail (whose rounding is in its own bound).
     rows_l += [series.reshape(n_rows, n), tail[0]]
-    rows_s += [np.broadcast_to(plan.sb_head, series.shape).reshape(n_rows, n), tail[1]]
+    rows_s += [plan.sb_head2 if series.shape[0] == 2 else plan.sb_head, tail[1]]
     rows_m += [mags.reshape(n_rows, n), np.full(tail[0].shape, np.nan)]
 
     # minus E[1 + alpha u; z > z_c] = (1 - alpha q) Phi(-z_c/s) + alpha q Phi((1 - z_c)/s).

@@ -136,6 +136,9 @@ _MIN_LAZY_ORDERS = 24
 # Pending symbolic costs folded into the dense total beyond this many (keeps epsilon() cheap
 # when an accountant is fed one step at a time).
 _MAX_PENDING = 8
+# Orders evaluated first (those in the grid): cheap integer orders, dense where the optimum of
+# typical settings lies and sparser above, enough for sharp chord bounds.
+_FIRST_INTEGERS = np.concatenate([np.arange(2.0, 17.0), [20.0, 24, 28, 32, 40, 48, 56, 64]])
 
 
 class _Sampled:
@@ -217,14 +220,14 @@ def _evaluate(node: Any, leaf: dict[tuple[float, float], NDArray[np.float64]]) -
 
 
 class _GridInfo:
-    """Order-dependent helpers of a grid: the orders evaluated first (the integer orders up to
-    64, cheap and spaced closely enough for sharp convexity bounds, or every 8th order if the
-    grid has fewer than 4 of them, and inf) and the order-only parts of the conversion of
-    Balle et al. 2020, Thm. 21 (the same operations as :func:`renyi.conversions.rdp_to_dp`)."""
+    """Order-dependent helpers of a grid: the orders evaluated first (``_FIRST_INTEGERS``, or
+    every 8th order if the grid has fewer than 4 of them, and inf) and the order-only parts of
+    the conversion of Balle et al. 2020, Thm. 21 (the same operations as
+    :func:`renyi.conversions.rdp_to_dp`)."""
 
     def __init__(self, a: NDArray[np.float64]) -> None:
         finite = np.isfinite(a)
-        first = finite & (a == np.floor(a)) & (a <= 64.0)
+        first = np.isin(a, _FIRST_INTEGERS)
         if np.count_nonzero(first) < 4:
             first = np.zeros(a.shape, dtype=bool)
             first[::8] = True
