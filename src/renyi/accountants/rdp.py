@@ -240,10 +240,13 @@ class _GridInfo:
             self.log_a = np.log(a)
             self.a_m1 = a - 1.0
 
-    def balle(self, e: NDArray[np.float64], delta: float) -> NDArray[np.float64]:
-        """``conversions._balle_epsilons(a, e, log(delta))``, bit for bit."""
-        val = e + self.log1p_inv - (math.log(delta) + self.log_a) / self.a_m1
-        return np.where(self.is_inf, e, val)
+    def shift(self, delta: float) -> NDArray[np.float64]:
+        """``(log delta + log a) / (a - 1)``."""
+        return np.asarray((math.log(delta) + self.log_a) / self.a_m1)
+
+    def balle(self, e: NDArray[np.float64], shift: NDArray[np.float64]) -> NDArray[np.float64]:
+        """``conversions._balle_epsilons(a, e, log(delta))``, bit for bit (same operations)."""
+        return np.where(self.is_inf, e, e + self.log1p_inv - shift)
 
 
 @functools.lru_cache(maxsize=16)
@@ -380,7 +383,7 @@ class RdpAccountant(Accountant):
         need = sel & ~have
         if need.any():
             vals[need] = subsampling._gaussian_rdp_subset(
-                leaf.q, leaf.sigma, self._orders, need, cache=cache and bool((need == sel).all())
+                leaf.q, leaf.sigma, self._orders, need, cache=cache
             )
             have |= need
 
@@ -411,38 +414,45 @@ class RdpAccountant(Accountant):
         leaves: dict[tuple[float, float], _Sampled] = {}
         for cost, _ in self._pending:
             _leaves(cost, leaves)
+        # A fresh leaf is evaluated at the grid's first-pass orders exactly (cached tables).
+        fresh = not any(key in self._values for key in leaves)
         for leaf in leaves.values():
-            self._evaluate_at(leaf, grid.first, cache=True)
+            self._evaluate_at(leaf, grid.first, cache=fresh)
         # First pass: exact values where every leaf is known, lower bounds elsewhere.
         ev = np.ones(a.shape, dtype=bool)
         lower: dict[tuple[float, float], NDArray[np.float64]] = {}
         for key in leaves:
             vals, have = self._values[key]
             ev &= have
-            geometry = grid.first_geometry if (have == grid.first).all() else None
+            geometry = grid.first_geometry if fresh else None
             lower[key] = _lower_bound(a, vals, have, leaves[key].floor, geometry)
         total = self._pending_total(lower)
-        eps = grid.balle(total, delta)
+        shift = grid.shift(delta)
+        eps = grid.balle(total, shift)
         best = float(np.min(eps[ev]))
         # Every order whose bound does not exceed the best value so far is evaluated, and the
         # first order if Bretagnolle-Huber (rdp_to_dp's first test: some order with
         # sqrt(1 - exp(-eps(alpha))) <= delta) is not ruled out yet: its value bounds the rest.
         todo = ~ev & ~(eps > best)
-        if not ev[0] and _bh_possible(total, delta):
+        bh = _bh_possible(total, delta)
+        if bh and not ev[0]:
             todo[0] = True
         if todo.any():
             for leaf in leaves.values():
                 self._evaluate_at(leaf, todo)
             ev |= todo
-            # Exact where evaluated, monotone lower bounds elsewhere (for the BH test only).
-            for key in leaves:
-                vals, have = self._values[key]
-                known = np.where(have, vals, 0.0)
-                mono = np.maximum(np.maximum.accumulate(known) * (1.0 - _SLACK), leaves[key].floor)
-                lower[key] = np.where(have, vals, mono)
-            total = self._pending_total(lower)
-            eps = grid.balle(total, delta)
-        if _bh_possible(total, delta):
+            if bh:  # exact where evaluated, monotone lower bounds elsewhere
+                for key in leaves:
+                    vals, have = self._values[key]
+                    known = np.where(have, vals, 0.0)
+                    mono = np.maximum.accumulate(known) * (1.0 - _SLACK)
+                    lower[key] = np.where(have, vals, np.maximum(mono, leaves[key].floor))
+                total = self._pending_total(lower)
+                bh = _bh_possible(total, delta)
+            else:  # the first bounds already ruled Bretagnolle-Huber out; exact values on ev
+                total = self._pending_total({key: self._values[key][0] for key in leaves})
+            eps = grid.balle(total, shift)
+        if bh:
             return None  # Bretagnolle-Huber might apply: let the full grid decide
         # Orders outside ev were ruled out: their bound exceeds a value attained on ev.
         eps = np.where(ev, eps, np.inf)
