@@ -137,19 +137,19 @@ def _log_abs_expm1(x: FloatArray) -> tuple[FloatArray, FloatArray]:
 
 
 def _log_ndtr_diff(a: FloatArray, b: FloatArray) -> FloatArray:
-    """``log(Phi(a) - Phi(b))`` for ``a >= b`` (``b`` may be -inf), without cancellation."""
+    """``log(Phi(a) - Phi(b))`` for ``a > b`` (``b`` may be -inf), without cancellation."""
     # Upper tails when both are positive, lower tails otherwise.
     upper = b > 0
     hi = np.where(upper, log_ndtr(-b), log_ndtr(a))
     lo = np.where(upper, log_ndtr(-a), log_ndtr(b))
-    out = hi + np.log(-np.expm1(lo - hi))
-    return np.where(a > b, out, -np.inf)
+    return np.asarray(hi + np.log(-np.expm1(lo - hi)))
 
 
 @functools.lru_cache(maxsize=8)
-def _log_binom_table(n: int) -> tuple[FloatArray, FloatArray, FloatArray]:
+def _log_binom_table(n: int) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]:
     """``log C(k, j)`` laid out ``[j, k]`` (0 <= j <= k <= n, -inf for j > k), ``(-1)^(k - j)``
-    and ``_ROUND + 4 eps (|log C(k, j)| + 1)`` (the rounding weight, less its ``F_j`` part)."""
+    and ``_ROUND + 4 eps (|log C(k, j)| + 1)`` (the rounding weight, less its ``F_j`` part);
+    then ``j`` and ``j^2 - j`` as vectors."""
     j = np.arange(n + 1, dtype=np.float64)[:, None]
     k = np.arange(n + 1, dtype=np.float64)[None, :]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -158,9 +158,11 @@ def _log_binom_table(n: int) -> tuple[FloatArray, FloatArray, FloatArray]:
     alt = np.where(np.mod(k - j, 2.0) == 0, 1.0, -1.0)
     # Rounding weight of each term before the |log(F_j - 1)| part: _ROUND + 4 eps mags.
     weight = _ROUND + _EPS4 * (np.where(j <= k, np.abs(lb), 0.0) + 1.0)
-    for arr in (lb, alt, weight):
+    jv = np.arange(n + 1, dtype=np.float64)
+    jj = jv * jv - jv
+    for arr in (lb, alt, weight, jv, jj):
         arr.setflags(write=False)
-    return lb, alt, weight
+    return lb, alt, weight, jv, jj
 
 
 @functools.lru_cache(maxsize=8)
@@ -441,12 +443,11 @@ def _moments_log(
     sigma is large. Entry ``k = 0`` is ``Phi(z_hi / sigma)``. Each ``M_k`` is summed over
     ``j`` in sequence, so it does not depend on ``kmax``.
     """
-    j = np.arange(kmax + 1, dtype=np.float64)
-    log_f = c * (j * j - j)
+    lb, alt, weight, j, jj = _log_binom_table(kmax)
+    log_f = c * jj
     if math.isfinite(z_hi):
         log_f = log_f + log_ndtr((z_hi - j) / sigma)
     lm1, sm1 = _log_abs_expm1(log_f)
-    lb, alt, weight = _log_binom_table(kmax)
     logs = lb + lm1[:, None]
     # One shared scale per moment for the signed sum and its rounding allowance (the allowance
     # is sum |term| (_ROUND + 4 eps mags), mags the sizes of the parts of each log-term).
@@ -660,8 +661,7 @@ def _log_a_fractional(
             f"sampling_rate={q!r}, noise_multiplier={sigma!r}"
         )
     log_b = np.log(total + rnd) + mx
-    log_a = np.where(log_b > 30.0, log_b + np.log1p(np.exp(-log_b)), np.log1p(np.exp(log_b)))
-    return _pad(log_a)
+    return _pad(np.logaddexp(0.0, log_b))  # log(1 + B)
 
 
 def _gaussian_rdp_on_grid(
