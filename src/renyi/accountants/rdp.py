@@ -234,6 +234,9 @@ class _GridInfo:
         self.first = first | ~finite
         self.first.setflags(write=False)
         self.is_inf = np.isinf(a)
+        finite_orders = a[finite]
+        # the orders at which RdpCurve.to_dp warns (OrderAtGridEdgeWarning)
+        self.edges = (float(finite_orders[0]), float(finite_orders[-1])) if finite.any() else ()
         self.first_geometry = _Geometry(a, self.first)
         with np.errstate(divide="ignore", invalid="ignore"):
             self.log1p_inv = np.log1p(-1.0 / a)
@@ -467,7 +470,8 @@ class RdpAccountant(Accountant):
                 found = self._lazy_epsilon(delta)
             if found is not None:
                 eps, order = found
-                _warn_edge(order, self._orders)
+                if order in _grid_info(self._orders).edges:
+                    _warn_edge(order, self._orders)
                 return EpsilonResult(eps, delta, self.name, order=order)
         conv = self.curve.to_dp(delta)
         return EpsilonResult(conv.epsilon, delta, self.name, order=conv.order)
