@@ -6,9 +6,10 @@ Setting: Abadi et al. MNIST, q = 256/60000, σ = 1.1, T = 14 100, δ = 1e-5 (plu
 for the PLD scaling). In the RDP row σ is multiplied by (1 + 1e-12 i) on the i-th repeat of
 each library, so that no repeat can be answered from a cache keyed on the arguments.
 Each row is one task; every library's median wall time over ``--repeats`` interleaved runs
-(so a slow moment hits everyone), its ε, and the ratio peer time / our time (> 1: we are
-faster). Absolute times on a shared 2-vCPU machine mean
-little; the ratios inside one run are what to read.
+(so a slow moment hits everyone; the order rotates every repeat, so each library follows
+each other one equally often), its ε, and the ratio peer time / our time (> 1: we are
+faster). Absolute times on a shared 2-vCPU machine mean little; the ratios inside one run
+are what to read.
 """
 
 from __future__ import annotations
@@ -43,8 +44,14 @@ def run_interleaved(
 ) -> dict[str, tuple[float, Any]]:
     times: dict[str, list[float]] = {k: [] for k in tasks}
     values: dict[str, Any] = {}
-    for _ in range(repeats):
-        for name, fn in tasks.items():
+    names = list(tasks)
+    for r in range(repeats):
+        # Rotate the order every repeat, so each library runs after each other one equally
+        # often: a call made right after another library's large NumPy work finds colder
+        # caches, and a fixed order would charge that to whoever always comes next.
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            fn = tasks[name]
             dt, out = _time(fn)
             times[name].append(dt)
             values[name] = out
