@@ -106,11 +106,29 @@ def _worker(rank: int, world: int, init_file: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-def test_two_process_ddp_equals_single_process(tmp_path: Path) -> None:
+def _spawn_two(tmp_path: Path, multi: str) -> None:
+    """Run the 2-process job. Under heavy load gloo's connection set-up has (rarely) aborted a
+    worker in C++ ("terminate called without an active exception", SIGABRT) before any
+    training; such a run produces no result files and is retried once with a fresh rendezvous
+    file. A failure of the training itself raises a Python exception and is not retried."""
+    for attempt in range(2):
+        try:
+            init = str(tmp_path / f"init{attempt}")
+            mp.spawn(_worker, args=(2, init, multi), nprocs=2, join=True)
+            return
+        except mp.ProcessExitedException:
+            if attempt == 1 or Path(f"{multi}.False").exists():
+                raise
+
+
+def test_two_process_ddp_equals_single_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Noise off: equal up to float summation order. Noise on with the same seed: rank 0
     draws the same noise as the single process, so the results agree as well."""
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # loopback: both ranks are on this host
     multi = str(tmp_path / "multi.pt")
-    mp.spawn(_worker, args=(2, str(tmp_path / "init"), multi), nprocs=2, join=True)
+    _spawn_two(tmp_path, multi)
     for noise in (False, True):
         single = str(tmp_path / f"single.pt.{noise}")
         _train(0, 1, noise, single)
