@@ -89,15 +89,21 @@ _CENTRAL_INT_TERMS = 64
 _MASK_TERMS = 4096
 
 
-def _central_ok(q: float, alphas: FloatArray) -> NDArray[np.bool_]:
-    """Where the expansion around 1 may be used.
+def _central_ok(q: float, alphas: FloatArray, short: NDArray[np.bool_]) -> NDArray[np.bool_]:
+    """Where the expansion around 1 may be used (``short``: :func:`_short` of ``alphas``).
 
     That expansion keeps full relative accuracy for small ``A - 1`` (the direct sum's relative
     error is ``~eps / log(A)``), but its inner binomial sums carry rounding errors of order
     ``eps (1 + 2q)^alpha``, so it is used only while that factor is moderate.
     """
-    ok = (alphas * math.log1p(2.0 * q) <= _CENTRAL_MAX_GROWTH) & (q <= 0.5)
-    return np.asarray(ok & (alphas + _CENTRAL_EXTRA <= _CENTRAL_MAX_TERMS))
+    if q > 0.5:
+        return np.zeros(alphas.shape, dtype=bool)
+    return (alphas * math.log1p(2.0 * q) <= _CENTRAL_MAX_GROWTH) & short
+
+
+def _short(alphas: FloatArray) -> NDArray[np.bool_]:
+    """The order-only part of :func:`_central_ok`: few enough terms."""
+    return np.asarray(alphas + _CENTRAL_EXTRA <= _CENTRAL_MAX_TERMS)
 
 
 def _validate_orders(orders: ArrayLike) -> FloatArray:
@@ -140,9 +146,9 @@ def _log_ndtr_diff(a: FloatArray, b: FloatArray) -> FloatArray:
     """``log(Phi(a) - Phi(b))`` for ``a > b`` (``b`` may be -inf), without cancellation."""
     # Upper tails when both are positive, lower tails otherwise.
     upper = b > 0
-    hi = np.where(upper, log_ndtr(-b), log_ndtr(a))
-    lo = np.where(upper, log_ndtr(-a), log_ndtr(b))
-    return np.asarray(hi + np.log(-np.expm1(lo - hi)))
+    hi = log_ndtr(np.where(upper, -b, a))
+    lo = log_ndtr(np.where(upper, -a, b))
+    return hi + np.log(-np.expm1(lo - hi))  # type: ignore[no-any-return]
 
 
 @functools.lru_cache(maxsize=8)
@@ -231,6 +237,9 @@ class _IntegerPlan:
     lb: FloatArray
     lb_mag: FloatArray
     kk: FloatArray
+    short: NDArray[np.bool_]
+    a_m1: FloatArray
+    k_ge2: NDArray[np.bool_]
 
     def __init__(self, alphas: FloatArray) -> None:
         sizes = alphas.astype(np.int64) + 1
@@ -244,6 +253,12 @@ class _IntegerPlan:
         self.lb = g[0] - g[1] - g[2]
         self.lb_mag = np.abs(g[0]) + np.abs(g[1]) + np.abs(g[2])
         self.kk = self.k * self.k - self.k
+        self._derived()
+
+    def _derived(self) -> None:
+        self.short = _short(self.alphas)
+        self.a_m1 = self.alphas - 1.0
+        self.k_ge2 = self.k >= 2
 
     def subset(self, sel: NDArray[np.bool_]) -> _IntegerPlan:
         """The plan of the orders ``alphas[sel]`` (segments gathered, nothing recomputed)."""
@@ -257,6 +272,7 @@ class _IntegerPlan:
         out.alphas, out.sizes, out.starts, out.row = self.alphas[sel], sizes, starts, row
         out.a, out.k, out.lb = self.a[gather], self.k[gather], self.lb[gather]
         out.lb_mag, out.kk = self.lb_mag[gather], self.kk[gather]
+        out._derived()
         return out
 
 
@@ -306,6 +322,16 @@ class _FractionalPlan:
     cen: FloatArray
     mtz_by_order: FloatArray
     cen_by_order: FloatArray
+    short: NDArray[np.bool_]
+    a_m1: FloatArray
+    a_row: FloatArray
+    kk: FloatArray
+    k1m2: FloatArray
+    cen_ones: FloatArray
+    cen_nan: FloatArray
+    tail_nan: FloatArray
+    minus_ones: FloatArray
+    s_pos: NDArray[np.bool_]
 
     def __init__(self, alphas: FloatArray) -> None:
         self.alphas = alphas
@@ -333,6 +359,21 @@ class _FractionalPlan:
         # Order-major copies: a subset of orders reads contiguous blocks.
         self.mtz_by_order = np.ascontiguousarray(self.mtz.transpose(2, 0, 1))
         self.cen_by_order = np.ascontiguousarray(self.cen.transpose(2, 0, 1))
+        self._derived()
+
+    def _derived(self) -> None:
+        """Order-only constants of :func:`_log_a_fractional` (no per-call temporaries)."""
+        n = self.alphas.size
+        self.short = _short(self.alphas)
+        self.a_m1 = self.alphas - 1.0
+        self.a_row = self.alphas[None, :]
+        self.kk = self.k * self.k - self.k
+        self.k1m2 = (self.k1 - 2).astype(np.float64)
+        self.cen_ones = np.ones((self.kc.shape[0] + 1, n))
+        self.cen_nan = np.full((self.kc.shape[0] + 1, n), np.nan)
+        self.tail_nan = np.full((2, n), np.nan)
+        self.minus_ones = -np.ones((1, n))
+        self.s_pos = self.s_k > 0
 
     def subset(self, sel: NDArray[np.bool_]) -> _FractionalPlan:
         """The plan of the orders ``alphas[sel]`` (columns and the rows they need)."""
@@ -354,6 +395,7 @@ class _FractionalPlan:
         out.sb_head2 = np.concatenate([out.sb_head, out.sb_head])
         out.lbc, out.sbc, out.lbc_mag = out.cen
         out.tail_flat = out._tail_flat()
+        out._derived()
         return out
 
     def _tail_flat(self) -> NDArray[np.intp]:
@@ -383,7 +425,8 @@ class _GridSplit:
         self.any_frac = bool(self.frac.any())
         self._int_plan: _IntegerPlan | None = None
         self._frac_plan: _FractionalPlan | None = None
-        self._subsets: dict[bytes, tuple[_IntegerPlan | None, _FractionalPlan | None]] = {}
+        self._subsets: dict[bytes, _Subset] = {}
+        self._full: _Subset | None = None
 
     @property
     def int_plan(self) -> _IntegerPlan:
@@ -391,28 +434,50 @@ class _GridSplit:
             self._int_plan = _IntegerPlan(self.a_int)
         return self._int_plan
 
-    def subset_plans(
-        self, sel: NDArray[np.bool_]
-    ) -> tuple[_IntegerPlan | None, _FractionalPlan | None]:
-        """The plans of the orders ``uniq[sel]`` (kept for a few subsets; None: no order)."""
+    def subset(self, sel: NDArray[np.bool_] | None, cache: bool) -> _Subset:
+        """The tables of the orders ``uniq[sel]`` (all when None; kept with the grid for the
+        full grid and, with ``cache``, for a few subsets)."""
+        if sel is None:
+            if self._full is None:
+                self._full = _Subset(self, np.ones(self.uniq.shape, dtype=bool))
+            return self._full
+        if not cache:
+            return _Subset(self, sel)
         key = sel.tobytes()
-        plans = self._subsets.get(key)
-        if plans is None:
-            s_int, s_frac = sel[self.is_int], sel[self.frac]
-            plans = (
-                self.int_plan.subset(s_int) if s_int.any() else None,
-                self.frac_plan.subset(s_frac) if s_frac.any() else None,
-            )
-            if len(self._subsets) >= 4:
+        sub = self._subsets.get(key)
+        if sub is None:
+            sub = _Subset(self, sel)
+            if len(self._subsets) >= 8:
                 self._subsets.clear()
-            self._subsets[key] = plans
-        return plans
+            self._subsets[key] = sub
+        return sub
 
     @property
     def frac_plan(self) -> _FractionalPlan:
         if self._frac_plan is None:
             self._frac_plan = _FractionalPlan(self.a_frac)
         return self._frac_plan
+
+
+class _Subset:
+    """The orders ``grid.uniq[sel]``: their integer-order and fractional-order plans (None:
+    no such order) and where each part's values go in the result."""
+
+    def __init__(self, grid: _GridSplit, sel: NDArray[np.bool_]) -> None:
+        self.alphas = grid.uniq[sel]
+        self.res0 = np.full(self.alphas.shape, np.inf)  # inf stays only at alpha = inf
+        self.int_plan: _IntegerPlan | None = None
+        self.frac_plan: _FractionalPlan | None = None
+        if grid.any_int:
+            s_int = sel[grid.is_int]
+            if s_int.any():
+                self.int_plan = grid.int_plan.subset(s_int)
+        if grid.any_frac:
+            s_frac = sel[grid.frac]
+            if s_frac.any():
+                self.frac_plan = grid.frac_plan.subset(s_frac)
+        self.int_pos = grid.is_int[sel]
+        self.frac_pos = grid.frac[sel]
 
 
 @functools.lru_cache(maxsize=32)
@@ -451,7 +516,7 @@ def _moments_log(
     logs = lb + lm1[:, None]
     # One shared scale per moment for the signed sum and its rounding allowance (the allowance
     # is sum |term| (_ROUND + 4 eps mags), mags the sizes of the parts of each log-term).
-    m = np.max(logs, axis=0)
+    m = np.maximum.reduce(logs, axis=0)
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(logs - m)
     total = _colsum(e * (alt * sm1[:, None]))
@@ -478,11 +543,12 @@ def _log_a_integer(q: float, sigma: float, plan: _IntegerPlan) -> FloatArray:
     c = 1.0 / (2.0 * sigma * sigma)
     logq, log1mq = math.log(q), math.log1p(-q)
     ck = c * plan.kk
-    terms = plan.lb + plan.a * log1mq + plan.k * (logq - log1mq) + ck
-    mags = plan.lb_mag - plan.a * log1mq - plan.k * logq + ck
+    al1 = plan.a * log1mq
+    terms = plan.lb + al1 + plan.k * (logq - log1mq) + ck
+    mags = plan.lb_mag - al1 - plan.k * logq + ck
     log_a = _ragged_lse(terms, plan.starts, plan.row, mags, finite_mags=True)
 
-    small = _central_ok(q, alphas) & (log_a < _SMALL_LOG_A)
+    small = _central_ok(q, alphas, plan.short) & (log_a < _SMALL_LOG_A)
     if small.any():
         # On a short table, mask the other orders' terms instead of gathering the small ones
         # (the segments' sums do not depend on each other either way).
@@ -499,7 +565,7 @@ def _log_a_integer(q: float, sigma: float, plan: _IntegerPlan) -> FloatArray:
         head = sub.lb + k_s * logq
         tail = np.logaddexp(0.0, ck_s)  # rigorous bound for k > kc
         t = head + np.where(k_s > kc, tail, lm)
-        keep = (k_s >= 2) & small[sub.row] if sub is plan else k_s >= 2
+        keep = sub.k_ge2 & small[sub.row] if sub is plan else sub.k_ge2
         log_b = _ragged_lse(np.where(keep, t, -np.inf), sub.starts, sub.row, mags)
         if sub is plan:
             log_b = log_b[small]
@@ -526,7 +592,7 @@ def _ragged_lse(
     if not finite_mags:  # an infinite magnitude goes with a zero term
         w = np.where(e > 0, w, 0.0)
     s = s + np.add.reduceat(w, starts)
-    return np.asarray(np.log(s) + m, dtype=np.float64)
+    return np.log(s) + m  # type: ignore[no-any-return]
 
 
 # --------------------------------------------------------------------------------------------
@@ -542,14 +608,16 @@ def _seqsum(x: FloatArray, axis: int) -> FloatArray:
     return np.add.reduce(np.ascontiguousarray(x), axis=axis)[..., :n]
 
 
-def _series_with_euler_tail(logs: FloatArray, plan: _FractionalPlan) -> FloatArray:
+def _series_with_euler_tail(
+    logs: FloatArray, plan: _FractionalPlan
+) -> tuple[FloatArray, FloatArray]:
     """Upper-bound the sums of series whose terms alternate, with completely monotone
     magnitudes, from row ``k_start`` of each column on (rows up to ``k_start + M`` present).
 
     ``logs`` has shape ``(s, W, n)``: ``s`` series (signs ``plan.sb``) over the orders of
     ``plan``. Returns ``(s, n)``: the log of the magnitude of each Euler-transformed tail plus
     its remainder bound when the tail is positive (its sign is ``plan.s_k`` times the sign of
-    the result, which is returned as the second half of a ``(2, s, n)`` array); the head
+    the result, which is returned second, also ``(s, n)``); the head
     terms (rows before ``k_start``) are the caller's. The sum of head and tail is never below
     the true sum.
     """
@@ -562,9 +630,9 @@ def _series_with_euler_tail(logs: FloatArray, plan: _FractionalPlan) -> FloatArr
     est = _seqsum(f * w, axis=1)
     # Rounding in the m-th difference: pad by a multiple of the unit roundoff of f(K).
     bnd = np.maximum(_seqsum(f * bw, axis=1), 0.0) + _EULER_ROUND * finite
-    total = est + np.where(plan.s_k > 0, bnd, 0.0)  # tail magnitude, upper/lower by sign
+    total = est + np.where(plan.s_pos, bnd, 0.0)  # tail magnitude, upper/lower by sign
     tl = np.where(total > 0, np.log(np.abs(total)) + sc, -np.inf)
-    return np.concatenate([tl[None], (plan.s_k * np.sign(total))[None]])
+    return tl, plan.s_k * np.sign(total)
 
 
 def _log_a_fractional(
@@ -585,8 +653,6 @@ def _log_a_fractional(
     c = 1.0 / (2.0 * sigma * sigma)
     logq, log1mq = math.log(q), math.log1p(-q)
     n = alphas.size
-    a = alphas[None, :]
-    ones = np.ones((1, n))
     # One table of log-terms with, per term, its sign in B (0: not part of the sum) and its
     # rounding weight _ROUND + 4 eps mags (0: no rounding of its own; mags is the sum of the
     # absolute values of the parts its logarithm was assembled from): one scale, one exp.
@@ -601,15 +667,15 @@ def _log_a_fractional(
         kc = plan.kc
         k1 = kc.shape[0] + 2
         log_m, sgn_m, rnd_m = _moments_log(c, sigma, z_c, k1)
-        base = plan.lbc + kc * logq
+        kl = kc * logq
+        base = plan.lbc + kl
         lmc = log_m[2:k1, None]
         # Terms C(alpha, k) q^k E[Y^k; I]; then the moments' own rounding, added upwards; then
         # the remainder: |E[u^k; I]| <= r^(k-2) E[u^2; I], |C(alpha, k)| decreasing for k >= k1.
-        rem = plan.lbk1 + (plan.k1 - 2) * math.log(r) - math.log1p(-r) + 2 * logq + log_m[2]
+        rem = plan.lbk1 + plan.k1m2 * math.log(r) - math.log1p(-r) + 2 * logq + log_m[2]
         rows_l += [base + lmc, base + rnd_m[2:k1, None], rem[None, :]]
-        rows_s += [plan.sbc * sgn_m[2:k1, None], np.ones(base.shape), ones]
-        nan_rows = np.full((base.shape[0] + 1, n), np.nan)
-        rows_m += [plan.lbc_mag - kc * logq + np.abs(lmc), nan_rows]
+        rows_s += [plan.sbc * sgn_m[2:k1, None], plan.cen_ones]
+        rows_m += [plan.lbc_mag - kl + np.abs(lmc), plan.cen_nan]
     else:
         z_c = -math.inf
 
@@ -620,13 +686,15 @@ def _log_a_fractional(
     j = plan.mtz[4]  # exponents alpha - k of the upper series
     lnu = log_ndtr((j - zb) / sigma)
     cjj = c * plan.mtz[5]  # c (j^2 - j)
-    t2 = plan.lb + k * log1mq + (j * logq + cjj + lnu)
-    m2 = plan.lb_mag - k * log1mq + (plan.mtz[6] * abs(logq) + np.abs(cjj) + np.abs(lnu))
+    kl1 = k * log1mq
+    t2 = plan.lb + kl1 + (j * logq + cjj + lnu)
+    m2 = plan.lb_mag - kl1 + (plan.mtz[6] * abs(logq) + np.abs(cjj) + np.abs(lnu))
     if z_c < z0:  # IIa: z_c < z <= z0, expansion in x = q e^t / (1 - q) <= 1
-        ckk = c * (k * k - k)
+        ckk = c * plan.kk
         lphi = _log_ndtr_diff((z0 - k) / sigma, (z_c - k) / sigma)
-        t1 = plan.lb + a * log1mq + (k * (logq - log1mq) + ckk + lphi)
-        m1 = plan.lb_mag - a * log1mq + (k * (-logq) + ckk + np.abs(lphi))
+        al1 = plan.a_row * log1mq
+        t1 = plan.lb + al1 + (k * (logq - log1mq) + ckk + lphi)
+        m1 = plan.lb_mag - al1 + (k * (-logq) + ckk + np.abs(lphi))
         series, mags = np.concatenate([t1[None], t2[None]]), np.concatenate([m1[None], m2[None]])
     else:
         series, mags = t2[None], m2[None]
@@ -636,25 +704,26 @@ def _log_a_fractional(
     # the rest through the Euler-transformed tail (whose rounding is in its own bound).
     rows_l += [series.reshape(n_rows, n), tail[0]]
     rows_s += [plan.sb_head2 if series.shape[0] == 2 else plan.sb_head, tail[1]]
-    rows_m += [mags.reshape(n_rows, n), np.full(tail[0].shape, np.nan)]
+    rows_m += [mags.reshape(n_rows, n), plan.tail_nan[: series.shape[0]]]
 
     # minus E[1 + alpha u; z > z_c] = (1 - alpha q) Phi(-z_c/s) + alpha q Phi((1 - z_c)/s).
-    one_m = 1.0 - alphas * q
+    aq = alphas * q
+    one_m = 1.0 - aq
     p0 = (np.log(np.abs(one_m)) + float(log_ndtr(-z_c / sigma)))[None, :]
-    p1 = (np.log(alphas * q) + float(log_ndtr((1.0 - z_c) / sigma)))[None, :]
+    p1 = (np.log(aq) + float(log_ndtr((1.0 - z_c) / sigma)))[None, :]
     rows_l += [p0, p1]
-    rows_s += [-np.sign(one_m)[None, :], -ones]
+    rows_s += [-np.sign(one_m)[None, :], plan.minus_ones]
     rows_m += [np.abs(p0), np.abs(p1)]
 
     logs = np.concatenate(rows_l)
-    mx = np.max(logs, axis=0)
+    mx = np.maximum.reduce(logs, axis=0)
     mx = np.where(np.isfinite(mx), mx, 0.0)
     e = np.exp(logs - mx)
     total = _colsum(np.concatenate(rows_s) * e)
     # Rounding weights; inf magnitudes only occur with zero terms, NaN marks no rounding.
     w = _ROUND + _EPS4 * np.minimum(np.abs(np.concatenate(rows_m)), 1e300)
     rnd = _colsum(np.where(np.isnan(w), 0.0, w * e))
-    if np.any(total <= 0):  # pragma: no cover - B > 0 in exact arithmetic
+    if (total <= 0).any():  # pragma: no cover - B > 0 in exact arithmetic
         bad = alphas[total <= 0]
         raise PrivacyParameterError(
             f"subsampled Gaussian RDP lost all precision at orders {bad.tolist()} for "
@@ -684,45 +753,38 @@ def _gaussian_rdp_on_grid(
 def _gaussian_rdp_values(
     q: float, sigma: float, grid: _GridSplit, sel: NDArray[np.bool_] | None, cache: bool
 ) -> FloatArray:
-    if sel is None:
-        sel = np.ones(grid.uniq.shape, dtype=bool)
-    alphas = grid.uniq[sel]
-    res = np.full(alphas.shape, np.inf)  # inf stays only at alpha = inf
-    plans = grid.subset_plans(sel) if cache else (None, None)
-    if grid.any_int:
-        s_int = sel[grid.is_int]
-        if s_int.any():
-            plan = plans[0] or grid.int_plan.subset(s_int)
-            res[grid.is_int[sel]] = _log_a_integer(q, sigma, plan) / (plan.alphas - 1.0)
-    if grid.any_frac:
-        s_frac = sel[grid.frac]
-        if s_frac.any():
-            fplan = plans[1] or grid.frac_plan.subset(s_frac)
-            af = fplan.alphas
-            # q <= 1/4: the central expansion is accurate everywhere it is allowed; above,
-            # MTZ's series alone first, the central expansion only where A - 1 is small.
-            ok = _central_ok(q, af)
-            if q <= 0.25 and ok.all():
-                log_a = _log_a_fractional(q, sigma, fplan, central=True)
-            else:
-                cen = ok & (q <= 0.25)
-                log_a = np.empty(af.shape)
-                if cen.any():
-                    log_a[cen] = _log_a_fractional(q, sigma, fplan.subset(cen), central=True)
-                rest = ~cen
-                log_a[rest] = _log_a_fractional(q, sigma, fplan.subset(rest), central=False)
-                redo = rest & ok & (log_a < _SMALL_LOG_A)
-                if redo.any():  # both are upper bounds: keep the tighter one
-                    log_a[redo] = np.minimum(
-                        log_a[redo],
-                        _log_a_fractional(q, sigma, fplan.subset(redo), central=True),
-                    )
-            res[grid.frac[sel]] = log_a / (af - 1.0)
+    sub = grid.subset(sel, cache)
+    res = sub.res0.copy()
+    plan = sub.int_plan
+    if plan is not None:
+        res[sub.int_pos] = _log_a_integer(q, sigma, plan) / plan.a_m1
+    fplan = sub.frac_plan
+    if fplan is not None:
+        af = fplan.alphas
+        # q <= 1/4: the central expansion is accurate everywhere it is allowed; above,
+        # MTZ's series alone first, the central expansion only where A - 1 is small.
+        ok = _central_ok(q, af, fplan.short)
+        if q <= 0.25 and ok.all():
+            log_a = _log_a_fractional(q, sigma, fplan, central=True)
+        else:
+            cen = ok & (q <= 0.25)
+            log_a = np.empty(af.shape)
+            if cen.any():
+                log_a[cen] = _log_a_fractional(q, sigma, fplan.subset(cen), central=True)
+            rest = ~cen
+            log_a[rest] = _log_a_fractional(q, sigma, fplan.subset(rest), central=False)
+            redo = rest & ok & (log_a < _SMALL_LOG_A)
+            if redo.any():  # both are upper bounds: keep the tighter one
+                log_a[redo] = np.minimum(
+                    log_a[redo],
+                    _log_a_fractional(q, sigma, fplan.subset(redo), central=True),
+                )
+        res[sub.frac_pos] = log_a / fplan.a_m1
     # NaN only from overflow: inf. Never above the Gaussian without sampling: (alpha - 1)
     # D_alpha is convex in the first argument, so D_alpha((1-q) mu0 + q mu1 || mu0) <=
     # q D_alpha(mu1 || mu0) <= alpha c.
-    res = np.fmin(np.where(np.isnan(res), np.inf, res), alphas / (2.0 * sigma * sigma))
-    return np.asarray(np.maximum(res, 0.0), dtype=np.float64)
+    res = np.fmin(np.where(np.isnan(res), np.inf, res), sub.alphas / (2.0 * sigma * sigma))
+    return np.maximum(res, 0.0)
 
 
 def _gaussian_rdp_subset(
@@ -731,8 +793,8 @@ def _gaussian_rdp_subset(
     """:func:`poisson_subsampled_gaussian_rdp` at ``orders[sel]``, for a validated, sorted grid
     without duplicates, ``0 < q < 1`` and ``1 / (2 sigma^2)`` finite (the RDP accountant's lazy
     evaluation). Bit-for-bit the values that function returns at those orders. ``cache``
-    keeps the gathered tables of this subset of orders with the grid (for a subset that is a
-    function of the grid alone, such as the accountant's first pass)."""
+    keeps the gathered tables of this subset of orders with the grid (they depend on the
+    orders alone; up to 8 subsets per grid, e.g. the accountant's two passes)."""
     return _gaussian_rdp_on_grid(q, sigma, _grid_split(orders.tobytes()), sel, cache=cache)
 
 

@@ -245,7 +245,7 @@ class _GridInfo:
 
     def shift(self, delta: float) -> NDArray[np.float64]:
         """``(log delta + log a) / (a - 1)``."""
-        return np.asarray((math.log(delta) + self.log_a) / self.a_m1)
+        return (math.log(delta) + self.log_a) / self.a_m1  # type: ignore[no-any-return]
 
     def balle(self, e: NDArray[np.float64], shift: NDArray[np.float64]) -> NDArray[np.float64]:
         """``conversions._balle_epsilons(a, e, log(delta))``, bit for bit (same operations)."""
@@ -432,7 +432,7 @@ class RdpAccountant(Accountant):
         total = self._pending_total(lower)
         shift = grid.shift(delta)
         eps = grid.balle(total, shift)
-        best = float(np.min(eps[ev]))
+        best = float(np.minimum.reduce(eps[ev]))
         # Every order whose bound does not exceed the best value so far is evaluated, and the
         # first order if Bretagnolle-Huber (rdp_to_dp's first test: some order with
         # sqrt(1 - exp(-eps(alpha))) <= delta) is not ruled out yet: its value bounds the rest.
@@ -442,7 +442,7 @@ class RdpAccountant(Accountant):
             todo[0] = True
         if todo.any():
             for leaf in leaves.values():
-                self._evaluate_at(leaf, todo)
+                self._evaluate_at(leaf, todo, cache=True)  # tables: orders only
             ev |= todo
             if bh:  # exact where evaluated, monotone lower bounds elsewhere
                 for key in leaves:
