@@ -232,7 +232,7 @@ def test_bad_input_raises(kwargs: dict[str, object], name: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("eps", [1e-8, 0.1, 1.0, 10.0, 700.0])
+@pytest.mark.parametrize("eps", [1e-8, 0.1, 1.0, 1.5, 10.0, 700.0, 710.0, 1000.0, 1e6])
 @pytest.mark.parametrize("q", [1e-9, 0.01, 0.5, 1.0])
 def test_amplify_approx_dp_matches_mpmath(eps: float, q: float) -> None:
     got_eps, got_delta = amplify_approx_dp_poisson(eps, 1e-5, q)

@@ -862,8 +862,9 @@ def amplify_approx_dp_poisson(
     ``(log(1 + q (e^epsilon - 1)), q delta)``-DP: Balle, Barthe & Gaboardi 2018 ("Privacy
     amplification by subsampling: tight analyses via couplings and divergences", NeurIPS),
     Theorem 8 (Poisson subsampling, add/remove neighbours). Computed as
-    ``log1p(q * expm1(epsilon))``, accurate for tiny q and epsilon; ``epsilon = inf`` stays inf
-    for ``q > 0``.
+    ``log1p(q * expm1(epsilon))`` for ``epsilon <= 1`` (accurate for tiny q and epsilon) and as
+    ``epsilon + log(q + (1 - q) e^-epsilon)`` above (no overflow: epsilon = 1000 gives
+    ``1000 + log q``); ``epsilon = inf`` stays inf for ``q > 0``.
 
     Example:
         >>> eps, dlt = amplify_approx_dp_poisson(1.0, 1e-6, 0.01)
@@ -875,8 +876,11 @@ def amplify_approx_dp_poisson(
     q = check_probability("sampling_rate", sampling_rate)
     if q == 0.0:
         return 0.0, 0.0
-    new_eps = math.inf if math.isinf(eps) else math.log1p(q * math.expm1(eps))
-    return new_eps, q * dlt
+    if math.isinf(eps):
+        return math.inf, q * dlt
+    if eps <= 1.0:
+        return math.log1p(q * math.expm1(eps)), q * dlt
+    return eps + math.log(q + (1.0 - q) * math.exp(-eps)), q * dlt
 
 
 def amplify_approx_dp_without_replacement(
