@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -102,23 +103,35 @@ def _worker(rank: int, world: int, init_file: str, out: str) -> None:
     try:
         for noise in (False, True):
             _train(rank, world, noise, f"{out}.{noise}")
+        dist.barrier()
+        Path(f"{out}.done{rank}").touch()  # every result of this rank is on disk
     finally:
         dist.destroy_process_group()
+    # Leave without interpreter finalisation: gloo's C++ threads have (rarely, under load)
+    # aborted the process there ("terminate called without an active exception").
+    os._exit(0)
 
 
 def _spawn_two(tmp_path: Path, multi: str) -> None:
-    """Run the 2-process job. Under heavy load gloo's connection set-up has (rarely) aborted a
-    worker in C++ ("terminate called without an active exception", SIGABRT) before any
-    training; such a run produces no result files and is retried once with a fresh rendezvous
-    file. A failure of the training itself raises a Python exception and is not retried."""
+    """Run the 2-process job. On this loaded 2-core machine gloo has (rarely) aborted a worker
+    in C++ ("terminate called without an active exception", SIGABRT). If both ranks finished
+    and wrote every result first, the abort was in teardown and the results stand; otherwise
+    the job is retried once from scratch. A failure of the training itself is a Python
+    exception in a worker and is never retried."""
     for attempt in range(2):
+        out = f"{multi}.{attempt}"
         try:
-            init = str(tmp_path / f"init{attempt}")
-            mp.spawn(_worker, args=(2, init, multi), nprocs=2, join=True)
-            return
-        except mp.ProcessExitedException:
-            if attempt == 1 or Path(f"{multi}.False").exists():
+            mp.spawn(_worker, args=(2, str(tmp_path / f"init{attempt}"), out), nprocs=2, join=True)
+        except mp.ProcessExitedException as exc:
+            finished = all(Path(f"{out}.done{r}").exists() for r in range(2))
+            if not finished and (attempt == 1 or exc.signal_name is None):
                 raise
+            if not finished:
+                continue
+        for noise in (False, True):
+            for suffix in ("", ".ranks"):
+                Path(f"{out}.{noise}{suffix}").replace(f"{multi}.{noise}{suffix}")
+        return
 
 
 def test_two_process_ddp_equals_single_process(
