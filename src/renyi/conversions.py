@@ -96,13 +96,37 @@ def _argmin(values: NDArray[np.float64], orders: NDArray[np.float64]) -> tuple[f
 # ---------------------------------------------------------------------------------------------
 
 
+BalleTerms = tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]
+
+
+def _balle_order_terms(a: NDArray[np.float64]) -> BalleTerms:
+    """The order-only parts of Theorem 21: ``(log1p(-1/a), log a, a - 1)``, computed once per
+    grid by callers that convert many curves on the same orders."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return np.log1p(-1.0 / a), np.log(a), a - 1.0
+
+
+def _balle_shift(terms: BalleTerms, log_delta: float) -> NDArray[np.float64]:
+    """``(log delta + log a) / (a - 1)`` per order (inf / inf gives NaN at ``a = inf``: call
+    under ``np.errstate(invalid="ignore")``)."""
+    return (log_delta + terms[1]) / terms[2]  # type: ignore[no-any-return]
+
+
+def _balle_from_terms(
+    e: NDArray[np.float64], terms: BalleTerms, shift: NDArray[np.float64], is_inf: NDArray[np.bool_]
+) -> NDArray[np.float64]:
+    """``eps(a) + log1p(-1/a) - shift`` per order; ``eps(inf)`` at inf (call under
+    ``np.errstate(invalid="ignore", over="ignore")``)."""
+    return np.where(is_inf, e, e + terms[0] - shift)
+
+
 def _balle_epsilons(
     a: NDArray[np.float64], e: NDArray[np.float64], log_delta: float
 ) -> NDArray[np.float64]:
     """``eps(a) + log1p(-1/a) - (log delta + log a) / (a - 1)`` per order; ``eps(inf)`` at inf."""
+    terms = _balle_order_terms(a)
     with np.errstate(invalid="ignore", over="ignore"):
-        val = e + np.log1p(-1.0 / a) - (log_delta + np.log(a)) / (a - 1.0)
-    return np.where(np.isinf(a), e, val)
+        return _balle_from_terms(e, terms, _balle_shift(terms, log_delta), np.isinf(a))
 
 
 def rdp_to_delta_bretagnolle_huber(orders: ArrayLike, epsilons: ArrayLike) -> tuple[float, float]:

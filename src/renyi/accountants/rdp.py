@@ -238,18 +238,16 @@ class _GridInfo:
         # the orders at which RdpCurve.to_dp warns (OrderAtGridEdgeWarning)
         self.edges = (float(finite_orders[0]), float(finite_orders[-1])) if finite.any() else ()
         self.first_geometry = _Geometry(a, self.first)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            self.log1p_inv = np.log1p(-1.0 / a)
-            self.log_a = np.log(a)
-            self.a_m1 = a - 1.0
+        self.terms = conversions._balle_order_terms(a)
 
     def shift(self, delta: float) -> NDArray[np.float64]:
         """``(log delta + log a) / (a - 1)``."""
-        return (math.log(delta) + self.log_a) / self.a_m1  # type: ignore[no-any-return]
+        return conversions._balle_shift(self.terms, math.log(delta))
 
     def balle(self, e: NDArray[np.float64], shift: NDArray[np.float64]) -> NDArray[np.float64]:
-        """``conversions._balle_epsilons(a, e, log(delta))``, bit for bit (same operations)."""
-        return np.where(self.is_inf, e, e + self.log1p_inv - shift)
+        """``conversions._balle_epsilons(a, e, log(delta))``: the same code, order-only parts
+        computed once per grid."""
+        return conversions._balle_from_terms(e, self.terms, shift, self.is_inf)
 
 
 @functools.lru_cache(maxsize=16)
