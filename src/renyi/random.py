@@ -103,9 +103,10 @@ def box_muller(u1: Any, u2: Any, xp: Any = np) -> Any:
     branches, concatenated), for equally long 1-D arrays ``u1`` in ``(0, 1)`` (so ``ln u1`` is
     finite) and ``u2`` in ``[0, 1)``. The radius is computed in ``u1``'s precision (float64
     for the tails) and rounded to the dtype of the angle ``2 pi u2``, which sets the output
-    dtype. ``xp`` is the array namespace of the inputs: ``numpy`` (the default) or ``torch``
-    (used by :mod:`renyi.dpsgd.sampler` on tensors); the same operations run in both.
-    The uniforms come from :meth:`RandomSource.box_muller_uniforms`.
+    dtype. ``xp`` is the array namespace of the inputs: ``numpy`` (the default) or ``torch``;
+    the same operations run in both. The uniforms come from
+    :meth:`RandomSource.box_muller_uniforms`. :meth:`RandomSource.normal` evaluates this
+    transform in place on its fresh uniforms (the same operations, bit for bit).
 
     Example:
         >>> box_muller(np.array([np.exp(-0.5)]), np.array([0.0]))
@@ -114,6 +115,16 @@ def box_muller(u1: Any, u2: Any, xp: Any = np) -> Any:
     theta = (2.0 * math.pi) * u2
     r = xp.asarray(xp.sqrt(-2.0 * xp.log(u1)), dtype=theta.dtype)
     return xp.concatenate([r * xp.cos(theta), r * xp.sin(theta)])
+
+
+def _open_unit(words: NDArray[np.uint64]) -> NDArray[np.float64]:
+    """``(k + 1/2) 2**-53`` for the top 53 bits ``k`` of each word: uniform strictly inside
+    ``(0, 1)``. In place on the fresh float array: the same roundings as
+    ``((k + 0.5) * 2**-53)``, no temporaries."""
+    u = (words >> _U64(11)).astype(np.float64)
+    u += 0.5
+    u *= 2.0**-53
+    return u
 
 
 def _box_muller_in_place(u1: NDArray[np.float64], u2: NDArray[Any]) -> NDArray[Any]:
@@ -236,11 +247,7 @@ class RandomSource(ABC):
 
     def uniform_open(self, size: int) -> NDArray[np.float64]:
         """``size`` floats uniform on ``{(k + 1/2) 2**-53}``: strictly inside ``(0, 1)``."""
-        size = check_int("size", size)
-        u = (self.words(size) >> _U64(11)).astype(np.float64)
-        u += 0.5  # in place: the same roundings as ((k + 0.5) * 2**-53), no temporaries
-        u *= 2.0**-53
-        return u
+        return _open_unit(self.words(check_int("size", size)))
 
     def box_muller_uniforms(
         self, half: int, dtype: Any = np.float64
@@ -265,9 +272,7 @@ class RandomSource(ABC):
             u = self.uniform_open(2 * half)
             return u[:half], u[half:]
         w = self.words(half + (half + 1) // 2)
-        u1 = (w[:half] >> _U64(11)).astype(np.float64)
-        u1 += 0.5
-        u1 *= 2.0**-53
+        u1 = _open_unit(w[:half])
         k = np.ascontiguousarray(w[half:]).view(np.uint32)[:half] >> np.uint32(8)
         u2 = k.astype(np.float32)
         u2 *= np.float32(2.0**-24)
