@@ -1074,19 +1074,8 @@ def _floor_index(x: float) -> int:
 
 
 def _common_grid(a: _Side, b: _Side) -> tuple[_Side, _Side]:
-    if a.h == b.h:
-        return a, b
-    big, small = (a, b) if a.h > b.h else (b, a)
-    ratio = big.h / small.h
-    factor = round(ratio)
-    if factor < 1 or abs(ratio - factor) > 1e-9 * ratio:
-        raise fail(
-            "value_discretization_interval",
-            (a.h, b.h),
-            "equal intervals, or one an integer multiple of the other",
-        )
-    small = replace(small.coarsen(factor), h=big.h)
-    return (big, small) if a is big else (small, big)
+    h = max(a.h, b.h)
+    return _regrid(a, h), _regrid(b, h)
 
 
 def _trim(side: _Side) -> _Side:
