@@ -1000,14 +1000,10 @@ class _Side:
         g = _fft_level_error(n_fft)
         runs = []
         for lam, la, lb in zip(lams, lm_a, lm_b, strict=True):
-            with np.errstate(over="ignore", under="ignore"):
-                ta = np.exp(a.log_probs + lam * a.losses - la)
-                tb = np.exp(b.log_probs + lam * b.losses - lb)
-            za = sfft.rfft(ta, n_fft)
-            zb = sfft.rfft(tb, n_fft)
+            za, ga = _tilted_rfft(a, lam, la, n_fft, g)
+            zb, gb = _tilted_rfft(b, lam, lb, n_fft, g)
             w = za * zb
             r = sfft.irfft(w, n_fft)[:n_out]
-            ga, gb = g * float(np.sum(ta)), g * float(np.sum(tb))
             wts = _rfft_weights(n_fft, w.size)
             dw = ga * np.abs(zb) + gb * np.abs(za) + ga * gb + 2 * _U * np.abs(w)
             e = float(np.sum(wts * dw)) + g * float(np.sum(wts * np.abs(w))) + 4.0 * _U * n_fft
