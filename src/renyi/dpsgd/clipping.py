@@ -73,6 +73,7 @@ def clipping_weights(
     max_grad_norm: float | Mapping[str, float],
     clipping: Clipping = "flat",
     gamma: float = 0.01,
+    total: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """Per-example weights ``w_i`` such that ``w_i g_i`` is the clipped gradient, per parameter.
 
@@ -81,6 +82,8 @@ def clipping_weights(
         max_grad_norm: ``C`` (flat, automatic) or ``{name: C_l}`` (per_layer).
         clipping: ``"flat"``, ``"per_layer"`` or ``"automatic"`` (see the module docstring).
         gamma: the stability constant of automatic clipping.
+        total: the per-example total norm ``sqrt(sum of sq_norms)`` if the caller already has
+            it (flat and automatic clipping use it; computed here otherwise).
 
     Returns:
         ``{name: [B]}`` float64 weights; with flat/automatic clipping one tensor shared by all.
@@ -96,7 +99,8 @@ def clipping_weights(
         raise fail("clipping", clipping, "one of 'flat', 'per_layer', 'automatic'")
     if isinstance(max_grad_norm, Mapping):
         raise fail("max_grad_norm", max_grad_norm, f"one number for clipping={clipping!r}")
-    total = torch.stack([sq_norms[n] for n in names]).sum(dim=0).sqrt()
+    if total is None:
+        total = torch.stack([sq_norms[n] for n in names]).sum(dim=0).sqrt()
     if clipping == "flat":
         w = _flat_weight(total, max_grad_norm)
     else:
@@ -321,11 +325,7 @@ class ClippedGradientEngine:
         by_layer, losses, sq = self._per_example(inputs, targets, batch)
         total = torch.stack(list(sq.values())).sum(dim=0).sqrt()
         self._check_finite_norms(total)
-        if self.clipping == "flat":  # as clipping_weights, reusing the total norm
-            assert not isinstance(self._max_norm, dict)
-            weights = dict.fromkeys(sq, _flat_weight(total, self._max_norm))
-        else:
-            weights = clipping_weights(sq, self._max_norm, self.clipping, self.gamma)
+        weights = clipping_weights(sq, self._max_norm, self.clipping, self.gamma, total=total)
         sums: dict[str, Tensor] = {}
         for lay, grads in by_layer.values():
             local_w = {
