@@ -18,20 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any, Literal
+from typing import Any
 
 from scipy.optimize import brentq
 
 from renyi._validation import check_delta, check_int, check_positive, check_probability, fail
 from renyi.accountants import Accountant, EpsilonResult, PldAccountant, make_accountant
 from renyi.errors import OrderAtGridEdgeWarning, PrivacyParameterError, UnsupportedEventError
-from renyi.events import (
-    Event,
-    GaussianEvent,
-    Neighbouring,
-    PoissonSampledEvent,
-    SampledWithoutReplacementEvent,
-)
+from renyi.events import Event, dpsgd_event
 
 __all__ = [
     "CalibrationResult",
@@ -42,8 +36,6 @@ __all__ = [
     "dpsgd_event",
     "epochs_to_steps",
 ]
-
-Sampling = Literal["poisson", "without_replacement"]
 
 
 @dataclass(frozen=True)
@@ -65,44 +57,6 @@ class CalibrationResult:
         if self.parameter != "noise_multiplier":
             raise AttributeError("this result calibrated " + self.parameter)
         return self.value
-
-
-def dpsgd_event(
-    noise_multiplier: float,
-    sample_rate: float,
-    *,
-    sampling: Sampling = "poisson",
-    dataset_size: int | None = None,
-) -> Event:
-    """The event of one DP-SGD step with noise N(0, (noise_multiplier * C)^2) on clipped sums.
-
-    ``noise_multiplier`` is σ / C with C the per-example clipping norm (the usual DP-SGD
-    convention). Poisson sampling is analysed under add/remove neighbours, where the clipped
-    sum moves by at most C: the event's Gaussian has noise multiplier σ / C. Fixed-size
-    sampling without replacement is analysed under replace-one neighbours, where the sum moves
-    by up to 2C: the event's Gaussian has noise multiplier σ / (2C), i.e. half. The batch size
-    is ``sample_rate * dataset_size``, which must be a whole number (never rounded silently).
-    """
-    if sampling == "poisson":
-        return PoissonSampledEvent(sample_rate, GaussianEvent(noise_multiplier))
-    if sampling == "without_replacement":
-        if dataset_size is None:
-            raise fail("dataset_size", None, "the dataset size (needed for without_replacement)")
-        batch = sample_rate * dataset_size
-        if abs(batch - round(batch)) > 1e-9 * max(1.0, batch):
-            raise fail(
-                "sample_rate",
-                sample_rate,
-                f"batch_size / dataset_size with an integer batch size (got {batch:g} records)",
-            )
-        return SampledWithoutReplacementEvent(
-            dataset_size,
-            round(batch),
-            GaussianEvent(
-                check_positive("noise_multiplier", noise_multiplier) / 2.0, Neighbouring.REPLACE_ONE
-            ),
-        )
-    raise fail("sampling", sampling, "'poisson' or 'without_replacement'")
 
 
 def dpsgd_epsilon(

@@ -1,8 +1,13 @@
 """Immutable, serialisable descriptions of what was released.
 
 An *event* says which mechanism ran, with which parameters, under which neighbouring
-relation; it says nothing about how to analyse it. Accountants (``renyi.accountants``) turn
-events into privacy curves and add them up. Events are frozen dataclasses validated when
+relation, and it is the one place that knows how to analyse one run of it: its RDP curve
+(:meth:`Event.rdp_epsilons`), its zCDP ρ (:meth:`Event.zcdp_rho`), its privacy loss
+distributions (:meth:`Event.pld_pair`) and its (ε, δ) guarantees
+(:meth:`Event.approx_dp_guarantees`). Accountants (``renyi.accountants``) ask the event and
+add the answers up; an analysis an event does not have raises
+:class:`~renyi.errors.UnsupportedEventError`. Adding a mechanism is adding one event class
+(``docs/architecture.md``, "Adding an event"). Events are frozen dataclasses validated when
 they are built, so an accountant never sees a malformed one, and they round-trip through
 JSON (``event.to_json()`` / ``renyi.events.from_json``) so that a ledger can store them.
 
@@ -23,14 +28,16 @@ from __future__ import annotations
 import json
 import math
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
+from renyi import closed_forms, conversions, subsampling
 from renyi._validation import (
     check_int,
     check_nonnegative,
@@ -42,6 +49,11 @@ from renyi._validation import (
 )
 from renyi.errors import PrivacyParameterError, UnsupportedEventError
 
+if TYPE_CHECKING:
+    from renyi.pld import PrivacyLossDistribution
+
+    PldPair = tuple[PrivacyLossDistribution, PrivacyLossDistribution]
+
 __all__ = [
     "ApproxDpEvent",
     "ComposedEvent",
@@ -50,6 +62,7 @@ __all__ = [
     "DiscreteLaplaceEvent",
     "Event",
     "GaussianEvent",
+    "Guarantee",
     "LaplaceEvent",
     "Neighbouring",
     "PoissonSampledEvent",
@@ -57,8 +70,10 @@ __all__ = [
     "RandomizedResponseEvent",
     "RdpEvent",
     "SampledWithoutReplacementEvent",
+    "Sampling",
     "SelfComposedEvent",
     "ZcdpEvent",
+    "dpsgd_event",
     "from_dict",
     "from_json",
 ]
@@ -78,6 +93,18 @@ class Neighbouring(StrEnum):
 
 
 _REGISTRY: dict[str, type[Event]] = {}
+
+# The two adjacency directions of a PLD: ``remove`` (the record is in the first dataset) and
+# ``add`` (in the second); :meth:`Event.pld_pair` returns them in this order.
+DIRECTIONS = ("remove", "add")
+
+Guarantee = tuple[float, float]
+"""An (ε, δ) guarantee of one run, as :meth:`Event.approx_dp_guarantees` counts them."""
+
+
+def _times(count: int, eps: NDArray[np.float64]) -> NDArray[np.float64]:
+    # 0 * inf is NaN in IEEE arithmetic; zero runs cost nothing.
+    return np.zeros_like(eps) if count == 0 else count * eps
 
 
 def _neighbouring(value: Any) -> Neighbouring:
@@ -112,6 +139,39 @@ class Event(ABC):
         yield self
         for child in self.children():
             yield from child.walk()
+
+    # ------------------------------------------------------------------ analyses
+    # Each event class overrides the analyses it has; the defaults say it has none. The
+    # accountants call only these four methods (docs/architecture.md, "Adding an event").
+
+    def rdp_epsilons(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        """RDP ε(α) of one run at ``orders`` (validated by the caller: float64, > 1).
+
+        An upper bound on D_α at every order (+inf allowed, never NaN).
+        """
+        raise UnsupportedEventError(f"RdpAccountant cannot analyse {type(self).__name__}")
+
+    def zcdp_rho(self) -> float:
+        """ρ such that one run is ρ-zCDP (Bun & Steinke 2016; an upper bound)."""
+        raise UnsupportedEventError(f"ZcdpAccountant cannot analyse {type(self).__name__}")
+
+    def pld_pair(
+        self, *, value_discretization_interval: float, tail_mass: float, max_bins: int
+    ) -> PldPair:
+        """Privacy loss distributions (remove, add) of one run (the same object twice when
+        the event is symmetric), discretised with the given interval and tail mass.
+
+        ``max_bins`` caps the FFT windows of self-compositions inside the event
+        (:meth:`renyi.pld.PrivacyLossDistribution.self_compose`).
+        """
+        raise UnsupportedEventError(f"PldAccountant cannot analyse {type(self).__name__}")
+
+    def approx_dp_guarantees(self) -> Counter[Guarantee]:
+        """The (ε, δ) guarantees of one run, as a multiset {(ε, δ): count}."""
+        raise UnsupportedEventError(
+            f"ApproxDpAccountant cannot analyse {type(self).__name__}: it has no single (ε, δ) "
+            "guarantee (use the RDP or PLD accountant)"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict with a ``"type"`` key; inverse of :func:`from_dict`."""
@@ -195,6 +255,24 @@ class GaussianEvent(Event):
         )
         object.__setattr__(self, "neighbouring", _neighbouring(self.neighbouring))
 
+    def rdp_epsilons(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        return closed_forms.gaussian_rdp(self.noise_multiplier, orders)
+
+    def zcdp_rho(self) -> float:
+        return 0.5 / self.noise_multiplier**2
+
+    def pld_pair(
+        self, *, value_discretization_interval: float, tail_mass: float, max_bins: int
+    ) -> PldPair:
+        from renyi.pld import PrivacyLossDistribution as P
+
+        g = P.gaussian(
+            self.noise_multiplier,
+            value_discretization_interval=value_discretization_interval,
+            tail_mass=tail_mass,
+        )
+        return g, g
+
 
 @dataclass(frozen=True)
 class LaplaceEvent(Event):
@@ -208,6 +286,27 @@ class LaplaceEvent(Event):
         object.__setattr__(self, "scale", check_positive("scale", self.scale))
         object.__setattr__(self, "neighbouring", _neighbouring(self.neighbouring))
 
+    def rdp_epsilons(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        return closed_forms.laplace_rdp(self.scale, orders)
+
+    def zcdp_rho(self) -> float:
+        return conversions.pure_to_zcdp(1.0 / self.scale)
+
+    def pld_pair(
+        self, *, value_discretization_interval: float, tail_mass: float, max_bins: int
+    ) -> PldPair:
+        from renyi.pld import PrivacyLossDistribution as P
+
+        lap = P.laplace(
+            self.scale,
+            value_discretization_interval=value_discretization_interval,
+            tail_mass=tail_mass,
+        )
+        return lap, lap
+
+    def approx_dp_guarantees(self) -> Counter[Guarantee]:
+        return Counter({(1.0 / self.scale, 0.0): 1})
+
 
 @dataclass(frozen=True)
 class RandomizedResponseEvent(Event):
@@ -220,6 +319,30 @@ class RandomizedResponseEvent(Event):
     def __post_init__(self) -> None:
         object.__setattr__(self, "p", check_range("p", self.p, 0.5, 1.0))
         object.__setattr__(self, "neighbouring", _neighbouring(self.neighbouring))
+
+    def rdp_epsilons(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        return closed_forms.randomized_response_rdp(self.p, orders)
+
+    def zcdp_rho(self) -> float:
+        if self.p == 1.0:
+            return float("inf")
+        return conversions.pure_to_zcdp(math.log(self.p / (1.0 - self.p)))
+
+    def pld_pair(
+        self, *, value_discretization_interval: float, tail_mass: float, max_bins: int
+    ) -> PldPair:
+        from renyi.pld import PrivacyLossDistribution as P
+
+        rr = P.randomized_response(
+            self.p,
+            value_discretization_interval=value_discretization_interval,
+            tail_mass=tail_mass,
+        )
+        return rr, rr
+
+    def approx_dp_guarantees(self) -> Counter[Guarantee]:
+        eps = math.inf if self.p == 1.0 else math.log(self.p / (1.0 - self.p))
+        return Counter({(eps, 0.0): 1})
 
 
 @dataclass(frozen=True)
@@ -239,6 +362,28 @@ class DiscreteGaussianEvent(Event):
         object.__setattr__(self, "sensitivity", check_positive("sensitivity", self.sensitivity))
         object.__setattr__(self, "neighbouring", _neighbouring(self.neighbouring))
 
+    def rdp_epsilons(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        # Canonne, Kamath & Steinke 2020, Thm. 4: (Δ²/(2σ²))-zCDP, i.e. ε(α) = α Δ² / (2σ²).
+        return closed_forms.gaussian_rdp(self.sigma / self.sensitivity, orders)
+
+    def zcdp_rho(self) -> float:
+        return 0.5 * (self.sensitivity / self.sigma) ** 2  # Canonne, Kamath & Steinke, Thm. 4
+
+    def pld_pair(
+        self, *, value_discretization_interval: float, tail_mass: float, max_bins: int
+    ) -> PldPair:
+        from renyi.pld import PrivacyLossDistribution as P
+
+        if self.sensitivity != int(self.sensitivity):
+            raise UnsupportedEventError("discrete Gaussian PLD needs an integer sensitivity")
+        dg = P.discrete_gaussian(
+            self.sigma,
+            int(self.sensitivity),
+            value_discretization_interval=value_discretization_interval,
+            tail_mass=tail_mass,
+        )
+        return dg, dg
+
 
 @dataclass(frozen=True)
 class DiscreteLaplaceEvent(Event):
@@ -257,6 +402,30 @@ class DiscreteLaplaceEvent(Event):
         object.__setattr__(self, "sensitivity", check_positive("sensitivity", self.sensitivity))
         object.__setattr__(self, "neighbouring", _neighbouring(self.neighbouring))
 
+    def rdp_epsilons(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        return conversions.pure_to_rdp(self.sensitivity / self.scale, orders)
+
+    def zcdp_rho(self) -> float:
+        return conversions.pure_to_zcdp(self.sensitivity / self.scale)
+
+    def pld_pair(
+        self, *, value_discretization_interval: float, tail_mass: float, max_bins: int
+    ) -> PldPair:
+        from renyi.pld import PrivacyLossDistribution as P
+
+        if self.sensitivity != int(self.sensitivity):
+            raise UnsupportedEventError("discrete Laplace PLD needs an integer sensitivity")
+        dl = P.discrete_laplace(
+            self.scale,
+            int(self.sensitivity),
+            value_discretization_interval=value_discretization_interval,
+            tail_mass=tail_mass,
+        )
+        return dl, dl
+
+    def approx_dp_guarantees(self) -> Counter[Guarantee]:
+        return Counter({(self.sensitivity / self.scale, 0.0): 1})
+
 
 @dataclass(frozen=True)
 class PureDpEvent(Event):
@@ -269,6 +438,28 @@ class PureDpEvent(Event):
     def __post_init__(self) -> None:
         object.__setattr__(self, "epsilon", check_nonnegative("epsilon", self.epsilon))
         object.__setattr__(self, "neighbouring", _neighbouring(self.neighbouring))
+
+    def rdp_epsilons(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        return conversions.pure_to_rdp(self.epsilon, orders)
+
+    def zcdp_rho(self) -> float:
+        return conversions.pure_to_zcdp(self.epsilon)
+
+    def pld_pair(
+        self, *, value_discretization_interval: float, tail_mass: float, max_bins: int
+    ) -> PldPair:
+        from renyi.pld import PrivacyLossDistribution as P
+
+        pure = P.approx_dp(
+            self.epsilon,
+            0.0,
+            value_discretization_interval=value_discretization_interval,
+            tail_mass=tail_mass,
+        )
+        return pure, pure
+
+    def approx_dp_guarantees(self) -> Counter[Guarantee]:
+        return Counter({(self.epsilon, 0.0): 1})
 
 
 @dataclass(frozen=True)
@@ -288,6 +479,37 @@ class ApproxDpEvent(Event):
         object.__setattr__(self, "delta", delta)
         object.__setattr__(self, "neighbouring", _neighbouring(self.neighbouring))
 
+    def rdp_epsilons(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        if self.delta == 0.0:
+            return conversions.pure_to_rdp(self.epsilon, orders)
+        raise UnsupportedEventError(
+            f"an (ε, δ)-DP guarantee with delta={self.delta!r} > 0 implies no RDP bound; "
+            "use the ApproxDpAccountant, or describe the mechanism itself (e.g. GaussianEvent)"
+        )
+
+    def zcdp_rho(self) -> float:
+        if self.delta == 0.0:
+            return conversions.pure_to_zcdp(self.epsilon)
+        raise UnsupportedEventError(
+            f"an (ε, δ)-DP guarantee with delta={self.delta!r} > 0 implies no zCDP bound"
+        )
+
+    def pld_pair(
+        self, *, value_discretization_interval: float, tail_mass: float, max_bins: int
+    ) -> PldPair:
+        from renyi.pld import PrivacyLossDistribution as P
+
+        ad = P.approx_dp(
+            self.epsilon,
+            self.delta,
+            value_discretization_interval=value_discretization_interval,
+            tail_mass=tail_mass,
+        )
+        return ad, ad
+
+    def approx_dp_guarantees(self) -> Counter[Guarantee]:
+        return Counter({(self.epsilon, self.delta): 1})
+
 
 @dataclass(frozen=True)
 class ZcdpEvent(Event):
@@ -300,6 +522,12 @@ class ZcdpEvent(Event):
     def __post_init__(self) -> None:
         object.__setattr__(self, "rho", check_nonnegative("rho", self.rho))
         object.__setattr__(self, "neighbouring", _neighbouring(self.neighbouring))
+
+    def rdp_epsilons(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        return conversions.zcdp_to_rdp(self.rho, orders)
+
+    def zcdp_rho(self) -> float:
+        return self.rho
 
 
 @dataclass(frozen=True)
@@ -354,6 +582,9 @@ class RdpEvent(Event):
         out[inside] = eps[idx[inside]]
         return out
 
+    def rdp_epsilons(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        return self.rdp_at(orders)
+
 
 @dataclass(frozen=True, eq=False)
 class CustomEvent(Event):
@@ -384,6 +615,32 @@ class CustomEvent(Event):
         raise UnsupportedEventError(
             f"CustomEvent {self.name!r} cannot be serialised: use RdpEvent with its curve instead"
         )
+
+    def rdp_epsilons(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        out = np.asarray(self.rdp(orders.copy()), dtype=np.float64)
+        if out.shape != orders.shape or np.isnan(out).any() or (out < 0).any():
+            raise PrivacyParameterError(
+                f"CustomEvent {self.name!r}: rdp(orders) must return {orders.size} values >= 0 "
+                "(inf allowed, no NaN), one per order"
+            )
+        return out
+
+    def pld_pair(
+        self, *, value_discretization_interval: float, tail_mass: float, max_bins: int
+    ) -> PldPair:
+        from renyi.pld import PrivacyLossDistribution
+
+        if self.pld is None:
+            raise UnsupportedEventError(
+                f"CustomEvent {self.name!r} has no pld: pass pld=callable(direction, "
+                "value_discretization_interval) to use the PLD accountant"
+            )
+        pair = tuple(self.pld(d, value_discretization_interval) for d in DIRECTIONS)
+        if not all(isinstance(p, PrivacyLossDistribution) for p in pair):
+            raise UnsupportedEventError(
+                f"CustomEvent {self.name!r}: pld must return PrivacyLossDistribution objects"
+            )
+        return pair[0], pair[1]
 
 
 # ------------------------------------------------------------------------- composites
@@ -419,6 +676,51 @@ class PoissonSampledEvent(Event):
 
     def children(self) -> tuple[Event, ...]:
         return (self.event,)
+
+    def rdp_epsilons(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        inner = self.event
+        q = self.sampling_rate
+        if isinstance(inner, GaussianEvent):
+            return subsampling.poisson_subsampled_gaussian_rdp(q, inner.noise_multiplier, orders)
+        # Zhu & Wang 2019, Thm 6: any mechanism, from its RDP at integer orders
+        return subsampling.poisson_subsampled_rdp(inner.rdp_epsilons, q, orders)
+
+    def zcdp_rho(self) -> float:
+        # No amplification in zCDP: sampling never increases Rényi divergence (quasi-convexity).
+        return 0.0 if self.sampling_rate == 0.0 else self.event.zcdp_rho()
+
+    def pld_pair(
+        self, *, value_discretization_interval: float, tail_mass: float, max_bins: int
+    ) -> PldPair:
+        from renyi.pld import PrivacyLossDistribution as P
+
+        kw: dict[str, Any] = {
+            "value_discretization_interval": value_discretization_interval,
+            "tail_mass": tail_mass,
+        }
+        inner = self.event
+        if isinstance(inner, GaussianEvent):
+            if self.sampling_rate == 0.0:
+                ident = P.identity(**kw)
+                return ident, ident
+            return (
+                P.subsampled_gaussian(
+                    self.sampling_rate, inner.noise_multiplier, direction="remove", **kw
+                ),
+                P.subsampled_gaussian(
+                    self.sampling_rate, inner.noise_multiplier, direction="add", **kw
+                ),
+            )
+        raise UnsupportedEventError(
+            f"PldAccountant analyses Poisson subsampling of the Gaussian only, not of "
+            f"{type(inner).__name__} (use the RDP accountant)"
+        )
+
+    def approx_dp_guarantees(self) -> Counter[Guarantee]:
+        out: Counter[Guarantee] = Counter()
+        for (eps, delta), n in self.event.approx_dp_guarantees().items():
+            out[subsampling.amplify_approx_dp_poisson(eps, delta, self.sampling_rate)] += n
+        return out
 
 
 @dataclass(frozen=True)
@@ -458,6 +760,31 @@ class SampledWithoutReplacementEvent(Event):
     def children(self) -> tuple[Event, ...]:
         return (self.event,)
 
+    def rdp_epsilons(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        inner = self.event
+        if isinstance(inner, GaussianEvent):
+            # Wang, Balle & Kasiviswanathan 2019, Thm 9 (replace-one neighbours)
+            return subsampling.sampled_without_replacement_gaussian_rdp(
+                self.population_size, self.sample_size, inner.noise_multiplier, orders
+            )
+        raise UnsupportedEventError(
+            "sampling without replacement is analysed for the Gaussian mechanism only; "
+            f"got {type(inner).__name__}"
+        )
+
+    def zcdp_rho(self) -> float:
+        # No amplification in zCDP: sampling never increases Rényi divergence (quasi-convexity).
+        return 0.0 if self.sampling_rate == 0.0 else self.event.zcdp_rho()
+
+    def approx_dp_guarantees(self) -> Counter[Guarantee]:
+        wor: Counter[Guarantee] = Counter()
+        for (eps, delta), n in self.event.approx_dp_guarantees().items():
+            amp = subsampling.amplify_approx_dp_without_replacement(
+                eps, delta, self.population_size, self.sample_size
+            )
+            wor[amp] += n
+        return wor
+
 
 @dataclass(frozen=True)
 class ComposedEvent(Event):
@@ -490,6 +817,37 @@ class ComposedEvent(Event):
     def children(self) -> tuple[Event, ...]:
         return self.events
 
+    def rdp_epsilons(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        total = np.zeros_like(orders)
+        for child in self.events:
+            total = total + child.rdp_epsilons(orders)
+        return total
+
+    def zcdp_rho(self) -> float:
+        return float(sum(e.zcdp_rho() for e in self.events))
+
+    def pld_pair(
+        self, *, value_discretization_interval: float, tail_mass: float, max_bins: int
+    ) -> PldPair:
+        parts = [
+            e.pld_pair(
+                value_discretization_interval=value_discretization_interval,
+                tail_mass=tail_mass,
+                max_bins=max_bins,
+            )
+            for e in self.events
+        ]
+        rem, add = parts[0]
+        for r, a in parts[1:]:
+            rem, add = rem.compose(r), add.compose(a)
+        return rem, add
+
+    def approx_dp_guarantees(self) -> Counter[Guarantee]:
+        total: Counter[Guarantee] = Counter()
+        for child in self.events:
+            total.update(child.approx_dp_guarantees())
+        return total
+
 
 @dataclass(frozen=True)
 class SelfComposedEvent(Event):
@@ -510,3 +868,67 @@ class SelfComposedEvent(Event):
 
     def children(self) -> tuple[Event, ...]:
         return (self.event,)
+
+    def rdp_epsilons(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        return _times(self.count, self.event.rdp_epsilons(orders))
+
+    def zcdp_rho(self) -> float:
+        return 0.0 if self.count == 0 else self.count * self.event.zcdp_rho()
+
+    def pld_pair(
+        self, *, value_discretization_interval: float, tail_mass: float, max_bins: int
+    ) -> PldPair:
+        r, a = self.event.pld_pair(
+            value_discretization_interval=value_discretization_interval,
+            tail_mass=tail_mass,
+            max_bins=max_bins,
+        )
+        rc = r.self_compose(self.count, max_bins=max_bins)
+        return (rc, rc) if a is r else (rc, a.self_compose(self.count, max_bins=max_bins))
+
+    def approx_dp_guarantees(self) -> Counter[Guarantee]:
+        inner = self.event.approx_dp_guarantees()
+        return Counter({g: n * self.count for g, n in inner.items() if n * self.count})
+
+
+# ---------------------------------------------------------------------------- DP-SGD steps
+
+Sampling = Literal["poisson", "without_replacement"]
+
+
+def dpsgd_event(
+    noise_multiplier: float,
+    sample_rate: float,
+    *,
+    sampling: Sampling = "poisson",
+    dataset_size: int | None = None,
+) -> Event:
+    """The event of one DP-SGD step with noise N(0, (noise_multiplier * C)^2) on clipped sums.
+
+    ``noise_multiplier`` is σ / C with C the per-example clipping norm (the usual DP-SGD
+    convention). Poisson sampling is analysed under add/remove neighbours, where the clipped
+    sum moves by at most C: the event's Gaussian has noise multiplier σ / C. Fixed-size
+    sampling without replacement is analysed under replace-one neighbours, where the sum moves
+    by up to 2C: the event's Gaussian has noise multiplier σ / (2C), i.e. half. The batch size
+    is ``sample_rate * dataset_size``, which must be a whole number (never rounded silently).
+    """
+    if sampling == "poisson":
+        return PoissonSampledEvent(sample_rate, GaussianEvent(noise_multiplier))
+    if sampling == "without_replacement":
+        if dataset_size is None:
+            raise fail("dataset_size", None, "the dataset size (needed for without_replacement)")
+        batch = sample_rate * dataset_size
+        if abs(batch - round(batch)) > 1e-9 * max(1.0, batch):
+            raise fail(
+                "sample_rate",
+                sample_rate,
+                f"batch_size / dataset_size with an integer batch size (got {batch:g} records)",
+            )
+        return SampledWithoutReplacementEvent(
+            dataset_size,
+            round(batch),
+            GaussianEvent(
+                check_positive("noise_multiplier", noise_multiplier) / 2.0, Neighbouring.REPLACE_ONE
+            ),
+        )
+    raise fail("sampling", sampling, "'poisson' or 'without_replacement'")

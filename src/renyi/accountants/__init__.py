@@ -21,7 +21,7 @@ from renyi.accountants.pld import PldAccountant, event_pld
 from renyi.accountants.rdp import RdpAccountant, event_rdp
 from renyi.accountants.zcdp import ZcdpAccountant, event_rho
 from renyi.errors import RenyiError
-from renyi.events import Event, PoissonSampledEvent, SampledWithoutReplacementEvent
+from renyi.events import Event, PoissonSampledEvent, SampledWithoutReplacementEvent, dpsgd_event
 
 __all__ = [
     "ACCOUNTANTS",
@@ -117,8 +117,6 @@ def epsilon_report(
         >>> print(renyi.epsilon(noise_multiplier=1.1, sample_rate=256/60000, steps=14100,
         ...                     delta=1e-5))  # doctest: +SKIP
     """
-    from renyi.calibration import dpsgd_event
-
     count = 1
     if event is None:
         if noise_multiplier is None:

@@ -20,65 +20,18 @@ import math
 from collections import Counter
 from typing import Any
 
-from renyi import composition, subsampling
+from renyi import composition
 from renyi.accountants.base import Accountant, DeltaResult, EpsilonResult
-from renyi.errors import RenyiError, UnsupportedEventError
-from renyi.events import (
-    ApproxDpEvent,
-    ComposedEvent,
-    DiscreteLaplaceEvent,
-    Event,
-    LaplaceEvent,
-    PoissonSampledEvent,
-    PureDpEvent,
-    RandomizedResponseEvent,
-    SampledWithoutReplacementEvent,
-    SelfComposedEvent,
-)
+from renyi.errors import RenyiError
+from renyi.events import Event, Guarantee
 
 __all__ = ["ApproxDpAccountant", "event_approx_dp"]
 
-Guarantee = tuple[float, float]
-
 
 def event_approx_dp(event: Event) -> Counter[Guarantee]:
-    """The (ε, δ) guarantees of one run of ``event``, as a multiset {(ε, δ): count}."""
-    if isinstance(event, PureDpEvent):
-        return Counter({(event.epsilon, 0.0): 1})
-    if isinstance(event, ApproxDpEvent):
-        return Counter({(event.epsilon, event.delta): 1})
-    if isinstance(event, LaplaceEvent):
-        return Counter({(1.0 / event.scale, 0.0): 1})
-    if isinstance(event, DiscreteLaplaceEvent):
-        return Counter({(event.sensitivity / event.scale, 0.0): 1})
-    if isinstance(event, RandomizedResponseEvent):
-        eps = math.inf if event.p == 1.0 else math.log(event.p / (1.0 - event.p))
-        return Counter({(eps, 0.0): 1})
-    if isinstance(event, PoissonSampledEvent):
-        out: Counter[Guarantee] = Counter()
-        for (eps, delta), n in event_approx_dp(event.event).items():
-            out[subsampling.amplify_approx_dp_poisson(eps, delta, event.sampling_rate)] += n
-        return out
-    if isinstance(event, SampledWithoutReplacementEvent):
-        wor: Counter[Guarantee] = Counter()
-        for (eps, delta), n in event_approx_dp(event.event).items():
-            amp = subsampling.amplify_approx_dp_without_replacement(
-                eps, delta, event.population_size, event.sample_size
-            )
-            wor[amp] += n
-        return wor
-    if isinstance(event, ComposedEvent):
-        total: Counter[Guarantee] = Counter()
-        for child in event.events:
-            total.update(event_approx_dp(child))
-        return total
-    if isinstance(event, SelfComposedEvent):
-        inner = event_approx_dp(event.event)
-        return Counter({g: n * event.count for g, n in inner.items() if n * event.count})
-    raise UnsupportedEventError(
-        f"ApproxDpAccountant cannot analyse {type(event).__name__}: it has no single (ε, δ) "
-        "guarantee (use the RDP or PLD accountant)"
-    )
+    """The (ε, δ) guarantees of one run of ``event``, as a multiset {(ε, δ): count}: the
+    event's own :meth:`~renyi.events.Event.approx_dp_guarantees`."""
+    return event.approx_dp_guarantees()
 
 
 class ApproxDpAccountant(Accountant):

@@ -18,26 +18,11 @@ from functools import reduce
 from typing import Any
 
 from renyi.accountants.base import Accountant, DeltaResult, EpsilonResult
-from renyi.errors import UnsupportedEventError
-from renyi.events import (
-    ApproxDpEvent,
-    ComposedEvent,
-    CustomEvent,
-    DiscreteGaussianEvent,
-    DiscreteLaplaceEvent,
-    Event,
-    GaussianEvent,
-    LaplaceEvent,
-    PoissonSampledEvent,
-    PureDpEvent,
-    RandomizedResponseEvent,
-    SelfComposedEvent,
-)
+from renyi.events import DIRECTIONS, Event
 from renyi.pld import DEFAULT_MAX_BINS, PldBounds, PrivacyLossDistribution
 
 __all__ = ["PldAccountant", "event_pld"]
 
-DIRECTIONS = ("remove", "add")
 Pair = tuple[PrivacyLossDistribution, PrivacyLossDistribution]
 
 
@@ -48,82 +33,17 @@ def event_pld(
     tail_mass: float = 1e-15,
     max_bins: int = DEFAULT_MAX_BINS,
 ) -> Pair:
-    """PLDs (remove, add) of one run of ``event`` (the same object twice when symmetric).
+    """PLDs (remove, add) of one run of ``event`` (the same object twice when symmetric):
+    the event's own :meth:`~renyi.events.Event.pld_pair`.
 
     ``max_bins`` caps the FFT windows of self-compositions inside the event
     (:meth:`PrivacyLossDistribution.self_compose`).
     """
-    kw: dict[str, Any] = {
-        "value_discretization_interval": value_discretization_interval,
-        "tail_mass": tail_mass,
-    }
-    P = PrivacyLossDistribution
-    if isinstance(event, GaussianEvent):
-        g = P.gaussian(event.noise_multiplier, **kw)
-        return g, g
-    if isinstance(event, LaplaceEvent):
-        lap = P.laplace(event.scale, **kw)
-        return lap, lap
-    if isinstance(event, RandomizedResponseEvent):
-        rr = P.randomized_response(event.p, **kw)
-        return rr, rr
-    if isinstance(event, DiscreteLaplaceEvent):
-        if event.sensitivity != int(event.sensitivity):
-            raise UnsupportedEventError("discrete Laplace PLD needs an integer sensitivity")
-        dl = P.discrete_laplace(event.scale, int(event.sensitivity), **kw)
-        return dl, dl
-    if isinstance(event, DiscreteGaussianEvent):
-        if event.sensitivity != int(event.sensitivity):
-            raise UnsupportedEventError("discrete Gaussian PLD needs an integer sensitivity")
-        dg = P.discrete_gaussian(event.sigma, int(event.sensitivity), **kw)
-        return dg, dg
-    if isinstance(event, PureDpEvent):
-        pure = P.approx_dp(event.epsilon, 0.0, **kw)
-        return pure, pure
-    if isinstance(event, ApproxDpEvent):
-        ad = P.approx_dp(event.epsilon, event.delta, **kw)
-        return ad, ad
-    if isinstance(event, PoissonSampledEvent):
-        inner = event.event
-        if isinstance(inner, GaussianEvent):
-            if event.sampling_rate == 0.0:
-                ident = P.identity(**kw)
-                return ident, ident
-            return (
-                P.subsampled_gaussian(
-                    event.sampling_rate, inner.noise_multiplier, direction="remove", **kw
-                ),
-                P.subsampled_gaussian(
-                    event.sampling_rate, inner.noise_multiplier, direction="add", **kw
-                ),
-            )
-        raise UnsupportedEventError(
-            f"PldAccountant analyses Poisson subsampling of the Gaussian only, not of "
-            f"{type(inner).__name__} (use the RDP accountant)"
-        )
-    if isinstance(event, CustomEvent):
-        if event.pld is None:
-            raise UnsupportedEventError(
-                f"CustomEvent {event.name!r} has no pld: pass pld=callable(direction, "
-                "value_discretization_interval) to use the PLD accountant"
-            )
-        pair = tuple(event.pld(d, value_discretization_interval) for d in DIRECTIONS)
-        if not all(isinstance(p, PrivacyLossDistribution) for p in pair):
-            raise UnsupportedEventError(
-                f"CustomEvent {event.name!r}: pld must return PrivacyLossDistribution objects"
-            )
-        return pair[0], pair[1]
-    if isinstance(event, ComposedEvent):
-        parts = [event_pld(e, **kw, max_bins=max_bins) for e in event.events]
-        rem, add = parts[0]
-        for r, a in parts[1:]:
-            rem, add = rem.compose(r), add.compose(a)
-        return rem, add
-    if isinstance(event, SelfComposedEvent):
-        r, a = event_pld(event.event, **kw, max_bins=max_bins)
-        rc = r.self_compose(event.count, max_bins=max_bins)
-        return (rc, rc) if a is r else (rc, a.self_compose(event.count, max_bins=max_bins))
-    raise UnsupportedEventError(f"PldAccountant cannot analyse {type(event).__name__}")
+    return event.pld_pair(
+        value_discretization_interval=value_discretization_interval,
+        tail_mass=tail_mass,
+        max_bins=max_bins,
+    )
 
 
 class PldAccountant(Accountant):

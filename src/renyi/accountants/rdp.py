@@ -21,106 +21,31 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from renyi import closed_forms, conversions, subsampling
+from renyi import conversions, subsampling
 from renyi._validation import check_orders
 from renyi.accountants.base import Accountant, DeltaResult, EpsilonResult
 from renyi.curves import DEFAULT_ORDERS, RdpCurve, _warn_edge
-from renyi.errors import PrivacyParameterError, UnsupportedEventError
 from renyi.events import (
-    ApproxDpEvent,
     ComposedEvent,
-    CustomEvent,
-    DiscreteGaussianEvent,
-    DiscreteLaplaceEvent,
     Event,
     GaussianEvent,
-    LaplaceEvent,
     PoissonSampledEvent,
-    PureDpEvent,
-    RandomizedResponseEvent,
-    RdpEvent,
-    SampledWithoutReplacementEvent,
     SelfComposedEvent,
-    ZcdpEvent,
+    _times,
 )
 
 __all__ = ["RdpAccountant", "event_rdp"]
 
 
-def _times(count: int, eps: NDArray[np.float64]) -> NDArray[np.float64]:
-    # 0 * inf is NaN in IEEE arithmetic; zero runs cost nothing.
-    return np.zeros_like(eps) if count == 0 else count * eps
-
-
 def event_rdp(event: Event, orders: ArrayLike) -> NDArray[np.float64]:
     """RDP curve ε(α) of one run of ``event`` at ``orders`` (an upper bound at every order).
 
-    Raises :class:`UnsupportedEventError` for events without an RDP analysis (e.g. an
-    (ε, δ)-DP guarantee with δ > 0, which implies no finite RDP bound).
+    The curve is the event's own (:meth:`renyi.events.Event.rdp_epsilons`). Raises
+    :class:`UnsupportedEventError` for events without an RDP analysis (e.g. an (ε, δ)-DP
+    guarantee with δ > 0, which implies no finite RDP bound).
     """
     a = check_orders(orders)
-    return _rdp(event, a)
-
-
-def _rdp(event: Event, a: NDArray[np.float64]) -> NDArray[np.float64]:
-    if isinstance(event, GaussianEvent):
-        return closed_forms.gaussian_rdp(event.noise_multiplier, a)
-    if isinstance(event, LaplaceEvent):
-        return closed_forms.laplace_rdp(event.scale, a)
-    if isinstance(event, RandomizedResponseEvent):
-        return closed_forms.randomized_response_rdp(event.p, a)
-    if isinstance(event, DiscreteGaussianEvent):
-        # Canonne, Kamath & Steinke 2020, Thm. 4: (Δ²/(2σ²))-zCDP, i.e. ε(α) = α Δ² / (2σ²).
-        return closed_forms.gaussian_rdp(event.sigma / event.sensitivity, a)
-    if isinstance(event, DiscreteLaplaceEvent):
-        return conversions.pure_to_rdp(event.sensitivity / event.scale, a)
-    if isinstance(event, PureDpEvent):
-        return conversions.pure_to_rdp(event.epsilon, a)
-    if isinstance(event, ApproxDpEvent):
-        if event.delta == 0.0:
-            return conversions.pure_to_rdp(event.epsilon, a)
-        raise UnsupportedEventError(
-            f"an (ε, δ)-DP guarantee with delta={event.delta!r} > 0 implies no RDP bound; "
-            "use the ApproxDpAccountant, or describe the mechanism itself (e.g. GaussianEvent)"
-        )
-    if isinstance(event, ZcdpEvent):
-        return conversions.zcdp_to_rdp(event.rho, a)
-    if isinstance(event, RdpEvent):
-        return event.rdp_at(a)
-    if isinstance(event, CustomEvent):
-        out = np.asarray(event.rdp(a.copy()), dtype=np.float64)
-        if out.shape != a.shape or np.isnan(out).any() or (out < 0).any():
-            raise PrivacyParameterError(
-                f"CustomEvent {event.name!r}: rdp(orders) must return {a.size} values >= 0 "
-                "(inf allowed, no NaN), one per order"
-            )
-        return out
-    if isinstance(event, PoissonSampledEvent):
-        inner = event.event
-        q = event.sampling_rate
-        if isinstance(inner, GaussianEvent):
-            return subsampling.poisson_subsampled_gaussian_rdp(q, inner.noise_multiplier, a)
-        # Zhu & Wang 2019, Thm 6: any mechanism, from its RDP at integer orders
-        return subsampling.poisson_subsampled_rdp(lambda o: _rdp(inner, o), q, a)
-    if isinstance(event, SampledWithoutReplacementEvent):
-        inner = event.event
-        if isinstance(inner, GaussianEvent):
-            # Wang, Balle & Kasiviswanathan 2019, Thm 9 (replace-one neighbours)
-            return subsampling.sampled_without_replacement_gaussian_rdp(
-                event.population_size, event.sample_size, inner.noise_multiplier, a
-            )
-        raise UnsupportedEventError(
-            "sampling without replacement is analysed for the Gaussian mechanism only; "
-            f"got {type(inner).__name__}"
-        )
-    if isinstance(event, ComposedEvent):
-        total = np.zeros_like(a)
-        for child in event.events:
-            total = total + _rdp(child, a)
-        return total
-    if isinstance(event, SelfComposedEvent):
-        return _times(event.count, _rdp(event.event, a))
-    raise UnsupportedEventError(f"RdpAccountant cannot analyse {type(event).__name__}")
+    return event.rdp_epsilons(a)
 
 
 # ------------------------------------------------------------------------------------------
@@ -170,18 +95,22 @@ class _Times:
 
 
 def _symbolic(event: Event, a: NDArray[np.float64]) -> Any:
-    """The cost of ``event`` on the grid ``a``: a dense array (computed now, exactly as
-    :func:`event_rdp` does, so every error is raised here) or a tree of
-    :class:`_Sum` / :class:`_Times` over :class:`_Sampled` leaves and dense arrays."""
+    """The cost of ``event`` on the grid ``a``: a dense array (computed now by the event's
+    :meth:`~renyi.events.Event.rdp_epsilons`, so every error is raised here) or a tree of
+    :class:`_Sum` / :class:`_Times` over :class:`_Sampled` leaves and dense arrays.
+
+    Only the evaluation order differs from the event's own curve: the composition operators
+    are walked here so that the subsampled Gaussian (the one expensive curve) can be
+    evaluated order by order; every other event is dense and needs nothing here."""
     if isinstance(event, PoissonSampledEvent) and isinstance(event.event, GaussianEvent):
         q, sigma = event.sampling_rate, event.event.noise_multiplier
         if 0.0 < q < 1.0 and math.isfinite(1.0 / (2.0 * sigma * sigma)):
             return _Sampled(q, sigma)
-        return _rdp(event, a)
+        return event.rdp_epsilons(a)
     if isinstance(event, ComposedEvent):
         kids = [_symbolic(child, a) for child in event.events]
         if all(isinstance(k, np.ndarray) for k in kids):
-            total = np.zeros_like(a)  # the same additions as _rdp
+            total = np.zeros_like(a)  # the same additions as ComposedEvent.rdp_epsilons
             for k in kids:
                 total = total + k
             return total
@@ -191,7 +120,7 @@ def _symbolic(event: Event, a: NDArray[np.float64]) -> Any:
         if isinstance(child, np.ndarray):
             return _times(event.count, child)
         return _Times(event.count, child)
-    return _rdp(event, a)
+    return event.rdp_epsilons(a)
 
 
 def _leaves(node: Any, out: dict[tuple[float, float], _Sampled]) -> None:
@@ -206,7 +135,7 @@ def _leaves(node: Any, out: dict[tuple[float, float], _Sampled]) -> None:
 
 def _evaluate(node: Any, leaf: dict[tuple[float, float], NDArray[np.float64]]) -> Any:
     """The cost on the whole grid, with the leaves' values taken from ``leaf`` (the same
-    operations, in the same order, as :func:`_rdp` on the event)."""
+    operations, in the same order, as the event's ``rdp_epsilons``)."""
     if isinstance(node, np.ndarray):
         return node
     if isinstance(node, _Sampled):

@@ -8,65 +8,17 @@ RDP or PLD accountant for DP-SGD; this one shows what ignoring amplification cos
 
 from __future__ import annotations
 
-from renyi import conversions
 from renyi.accountants.base import Accountant, DeltaResult, EpsilonResult
 from renyi.curves import Zcdp
-from renyi.errors import UnsupportedEventError
-from renyi.events import (
-    ApproxDpEvent,
-    ComposedEvent,
-    DiscreteGaussianEvent,
-    DiscreteLaplaceEvent,
-    Event,
-    GaussianEvent,
-    LaplaceEvent,
-    PoissonSampledEvent,
-    PureDpEvent,
-    RandomizedResponseEvent,
-    SampledWithoutReplacementEvent,
-    SelfComposedEvent,
-    ZcdpEvent,
-)
+from renyi.events import Event
 
 __all__ = ["ZcdpAccountant", "event_rho"]
 
 
 def event_rho(event: Event) -> float:
-    """ρ such that one run of ``event`` is ρ-zCDP (an upper bound)."""
-    if isinstance(event, GaussianEvent):
-        return 0.5 / event.noise_multiplier**2
-    if isinstance(event, DiscreteGaussianEvent):
-        return (
-            0.5 * (event.sensitivity / event.sigma) ** 2
-        )  # Canonne, Kamath & Steinke 2020, Thm. 4
-    if isinstance(event, LaplaceEvent):
-        return conversions.pure_to_zcdp(1.0 / event.scale)
-    if isinstance(event, DiscreteLaplaceEvent):
-        return conversions.pure_to_zcdp(event.sensitivity / event.scale)
-    if isinstance(event, RandomizedResponseEvent):
-        if event.p == 1.0:
-            return float("inf")
-        import math
-
-        return conversions.pure_to_zcdp(math.log(event.p / (1.0 - event.p)))
-    if isinstance(event, PureDpEvent):
-        return conversions.pure_to_zcdp(event.epsilon)
-    if isinstance(event, ApproxDpEvent):
-        if event.delta == 0.0:
-            return conversions.pure_to_zcdp(event.epsilon)
-        raise UnsupportedEventError(
-            f"an (ε, δ)-DP guarantee with delta={event.delta!r} > 0 implies no zCDP bound"
-        )
-    if isinstance(event, ZcdpEvent):
-        return event.rho
-    if isinstance(event, PoissonSampledEvent | SampledWithoutReplacementEvent):
-        # No amplification in zCDP: sampling never increases Rényi divergence (quasi-convexity).
-        return 0.0 if getattr(event, "sampling_rate", 1.0) == 0.0 else event_rho(event.event)
-    if isinstance(event, ComposedEvent):
-        return float(sum(event_rho(e) for e in event.events))
-    if isinstance(event, SelfComposedEvent):
-        return 0.0 if event.count == 0 else event.count * event_rho(event.event)
-    raise UnsupportedEventError(f"ZcdpAccountant cannot analyse {type(event).__name__}")
+    """ρ such that one run of ``event`` is ρ-zCDP (an upper bound): the event's own
+    :meth:`~renyi.events.Event.zcdp_rho`."""
+    return event.zcdp_rho()
 
 
 class ZcdpAccountant(Accountant):
