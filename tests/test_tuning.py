@@ -11,9 +11,15 @@ import pytest
 from renyi.accountants import RdpAccountant
 from renyi.budget import Budget
 from renyi.errors import BudgetExceededError, PrivacyParameterError
-from renyi.events import GaussianEvent, PoissonSampledEvent, SelfComposedEvent
+from renyi.events import (
+    GaussianEvent,
+    PoissonSampledEvent,
+    RepeatAndSelectEvent,
+    SelfComposedEvent,
+    from_json,
+)
 from renyi.selection import RepetitionDistribution, repeat_and_select_rdp
-from renyi.tuning import selection_event, tune
+from renyi.tuning import tune
 
 RUN = SelfComposedEvent(PoissonSampledEvent(0.01, GaussianEvent(1.2)), 1000)
 SPACE = [{"lr": lr} for lr in (0.01, 0.03, 0.1, 0.3, 1.0)]
@@ -65,8 +71,8 @@ def test_worst_configuration_prices_one_run() -> None:
         trial_event=lambda c: events[c["lr"]],
         mean_trials=3.0,
     )
-    expected = selection_event(GaussianEvent(1.0), RepetitionDistribution(3.0, 1.0))
-    np.testing.assert_allclose(res.event.epsilons, expected.epsilons, rtol=1e-12)
+    worst = RdpAccountant().compose(RepeatAndSelectEvent(GaussianEvent(1.0), 3.0)).curve
+    np.testing.assert_allclose(res.curve().epsilons, worst.epsilons, rtol=1e-12)
 
 
 def test_per_config_events_need_a_finite_space() -> None:
@@ -96,9 +102,12 @@ def test_poisson_can_make_no_run() -> None:
 
 def test_event_is_the_selection_curve() -> None:
     res = tune(_train, SPACE, trial_event=RUN, mean_trials=20.0, shape=0.0)
+    assert res.event == RepeatAndSelectEvent(RUN, 20.0, 0.0)
     single = RdpAccountant().compose(RUN).curve
     expected = repeat_and_select_rdp(single.orders, single.epsilons, RepetitionDistribution(20, 0))
-    np.testing.assert_allclose(res.event.epsilons, expected, rtol=0, atol=0)
+    np.testing.assert_allclose(res.curve().epsilons, expected, rtol=0, atol=0)
+    # the event survives a ledger round trip
+    assert from_json(res.event.to_json()) == res.event
 
 
 def test_bad_input() -> None:

@@ -69,6 +69,7 @@ __all__ = [
     "PureDpEvent",
     "RandomizedResponseEvent",
     "RdpEvent",
+    "RepeatAndSelectEvent",
     "SampledWithoutReplacementEvent",
     "Sampling",
     "SelfComposedEvent",
@@ -892,6 +893,46 @@ class SelfComposedEvent(Event):
 
 
 # ---------------------------------------------------------------------------- DP-SGD steps
+
+
+@dataclass(frozen=True)
+class RepeatAndSelectEvent(Event):
+    """The best of ``K`` runs of ``event`` published, ``K`` random with mean ``mean``.
+
+    Private hyperparameter tuning (Papernot & Steinke 2022; dp_accounting's
+    ``RepeatAndSelectDpEvent``): ``shape = inf`` draws ``K ~ Poisson(mean)`` (``mean >= 1``), a
+    finite ``shape = η >= 0`` the truncated negative binomial ``D_{η,γ}`` (1: geometric,
+    0: logarithmic) with that mean. Only the RDP accountant analyses it
+    (:func:`renyi.selection.repeat_and_select_rdp`); the neighbouring relation is the run's.
+    """
+
+    event: Event
+    mean: float
+    shape: float = 1.0
+    kind: ClassVar[str] = "repeat_and_select"
+
+    def __post_init__(self) -> None:
+        from renyi.selection import RepetitionDistribution
+
+        if not isinstance(self.event, Event):
+            raise fail("event", self.event, "an Event")
+        dist = RepetitionDistribution(self.mean, self.shape)  # validates mean and shape
+        object.__setattr__(self, "mean", float(self.mean))
+        object.__setattr__(self, "shape", dist.shape)
+
+    @property
+    def neighbouring(self) -> Neighbouring:
+        return self.event.neighbouring
+
+    def children(self) -> tuple[Event, ...]:
+        return (self.event,)
+
+    def rdp_epsilons(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        from renyi.selection import RepetitionDistribution, repeat_and_select_rdp
+
+        dist = RepetitionDistribution(self.mean, self.shape)
+        return repeat_and_select_rdp(orders, self.event.rdp_epsilons(orders), dist)
+
 
 Sampling = Literal["poisson", "without_replacement"]
 

@@ -5,7 +5,8 @@ composition) makes it large, ignoring it (common practice) makes the reported ε
 :func:`tune` follows Papernot & Steinke (ICLR 2022): the number of runs ``K`` is drawn from a
 truncated negative binomial (geometric by default) or Poisson distribution, each run draws its
 hyperparameters at random from the search space, and only the best run is returned. The whole
-procedure is priced by :func:`renyi.selection.repeat_and_select_rdp`, charged to an optional
+procedure is one :class:`~renyi.events.RepeatAndSelectEvent` (priced by
+:func:`renyi.selection.repeat_and_select_rdp`), charged to an optional
 :class:`~renyi.budget.Budget` as **one** ledger entry *before* any training starts, and the
 result says what it cost.
 
@@ -43,11 +44,11 @@ from numpy.typing import NDArray
 from renyi._validation import as_real, check_int, fail
 from renyi.accountants import RdpAccountant
 from renyi.curves import DEFAULT_ORDERS
-from renyi.events import Event, RdpEvent
+from renyi.events import Event, RdpEvent, RepeatAndSelectEvent
 from renyi.random import get_source
-from renyi.selection import RepetitionDistribution, repeat_and_select_rdp
+from renyi.selection import RepetitionDistribution
 
-__all__ = ["Trial", "TuningResult", "selection_event", "tune"]
+__all__ = ["Trial", "TuningResult", "tune"]
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,13 @@ class TuningResult:
     runs: int
     distribution: RepetitionDistribution
     trial_event: Event
-    event: RdpEvent
+    event: RepeatAndSelectEvent
     receipt: Any = None
     orders: NDArray[np.float64] = field(default_factory=lambda: np.asarray(DEFAULT_ORDERS))
+
+    def curve(self) -> Any:
+        """The RDP curve of the whole procedure (:class:`~renyi.curves.RdpCurve`)."""
+        return RdpAccountant(self.orders).compose(self.event).curve
 
     def epsilon(self, delta: float) -> float:
         """ε of the whole tuning procedure at ``delta`` (RDP accountant, Balle et al. 2020)."""
@@ -82,19 +87,19 @@ class TuningResult:
         return acc.epsilon(delta).epsilon
 
 
-def _single_run_curve(
+def _single_run_event(
     trial_event: Event | Callable[[Any], Event],
     configs: Sequence[Any] | None,
     orders: NDArray[np.float64],
-) -> tuple[Event, NDArray[np.float64]]:
-    """RDP of one run: the event's curve, or the pointwise max over the search space.
+) -> Event:
+    """The event of one run: ``trial_event``, or the pointwise-worst curve over the space.
 
     One run draws its configuration at random, then trains: its output distribution is a
     mixture over configurations with data-independent weights, whose Rényi divergence is at
     most the largest over the configurations (joint quasi-convexity).
     """
     if isinstance(trial_event, Event):
-        return trial_event, RdpAccountant(orders).compose(trial_event).curve.epsilons
+        return trial_event
     if not callable(trial_event):
         raise fail("trial_event", trial_event, "an Event or a callable config -> Event")
     if configs is None:
@@ -111,23 +116,7 @@ def _single_run_curve(
             raise fail("trial_event(config)", ev, "an Event for every configuration")
         curves.append(RdpAccountant(orders).compose(ev).curve.epsilons)
     worst = np.max(np.vstack(curves), axis=0)
-    return RdpEvent(tuple(orders.tolist()), tuple(worst.tolist())), worst
-
-
-def selection_event(
-    trial_event: Event,
-    distribution: RepetitionDistribution,
-    orders: Any = DEFAULT_ORDERS,
-) -> RdpEvent:
-    """The event of a whole private selection: best of ``K ~ distribution`` runs of ``trial_event``.
-
-    An :class:`~renyi.events.RdpEvent` (serialisable, so it can go to a ledger) carrying the
-    curve of :func:`renyi.selection.repeat_and_select_rdp`.
-    """
-    a = np.asarray(orders, dtype=np.float64)
-    _, single = _single_run_curve(trial_event, None, a)
-    eps = repeat_and_select_rdp(a, single, distribution)
-    return RdpEvent(tuple(a.tolist()), tuple(eps.tolist()))
+    return RdpEvent(tuple(orders.tolist()), tuple(worst.tolist()))
 
 
 def tune(
@@ -165,7 +154,8 @@ def tune(
 
     Returns:
         :class:`TuningResult` with ``best`` (None if K = 0), ``runs`` = K and ``event``, the
-        RDP event of the whole procedure; ``result.epsilon(delta)`` gives its ε.
+        :class:`~renyi.events.RepeatAndSelectEvent` of the whole procedure (what the ledger
+        records); ``result.epsilon(delta)`` gives its ε.
     """
     if not callable(train):
         raise fail("train", train, "a callable config -> score or (score, output)")
@@ -181,9 +171,8 @@ def tune(
     mean_trials = as_real("mean_trials", mean_trials)
     distribution = RepetitionDistribution(mean_trials, shape)
     a = np.asarray(orders, dtype=np.float64)
-    single_event, single = _single_run_curve(trial_event, configs, a)
-    eps = repeat_and_select_rdp(a, single, distribution)
-    event = RdpEvent(tuple(a.tolist()), tuple(eps.tolist()))
+    single_event = _single_run_event(trial_event, configs, a)
+    event = RepeatAndSelectEvent(single_event, mean_trials, distribution.shape)
     receipt = None
     if budget is not None:
         receipt = budget.spend(
