@@ -10,10 +10,14 @@ from renyi.errors import PrivacyParameterError
 from renyi.federated.channels import (
     ChaCha20Source,
     ChannelIntegrityError,
-    Identity,
+    EphemeralSession,
+    IdentityKey,
+    KeySubstitutionError,
+    Roster,
 )
 from renyi.federated.gopa import (
     FRACTION_BITS,
+    GopaParty,
     GopaProtocol,
     ProtocolAbortedError,
     calibrate_gopa,
@@ -23,6 +27,7 @@ from renyi.federated.gopa import (
     recommended_peers,
     simulate_gopa_std,
 )
+from renyi.federated.gopa_party import fixed_mean, to_fixed
 
 pytestmark = pytest.mark.filterwarnings("ignore::renyi.errors.InsecureRandomnessWarning")
 SCALE = 2**FRACTION_BITS
@@ -44,18 +49,34 @@ def test_pairwise_terms_cancel_exactly(shape):
     exact = _fixed(vals).sum(axis=0) / SCALE / shape[0]
     assert np.array_equal(np.atleast_1d(res.estimate), np.atleast_1d(exact))  # bit-exact
     for eid, (u, v) in enumerate(proto.edges.tolist()):
-        a, b = proto.parties[u].pairwise[eid], proto.parties[v].pairwise[eid]
-        assert np.array_equal(a, -b) and np.abs(a).max() > 0
+        a, b = proto.parties[u]._terms[eid], proto.parties[v]._terms[eid]
+        assert np.array_equal(a + b, np.zeros_like(a)) and (a != 0).any()
 
 
-def test_independent_noise_is_all_that_remains():
+def test_estimate_is_fixed_point_mean_plus_independent_noise():
+    """Same values and noise keys give the same estimate, recomputed outside the protocol."""
     rng = np.random.default_rng(2)
     vals = rng.uniform(size=15)
-    proto = GopaProtocol(vals, sigma_eta=0.3, sigma_delta=20.0, peers=4, rng=rng)
-    res = proto.run()
-    eta = np.concatenate([p.eta for p in proto.parties])
-    expected = (_fixed(vals).sum() + eta.sum()) / SCALE / 15
-    assert res.estimate == expected
+    keys = [bytes([i + 1]) * 32 for i in range(15)]
+    res = GopaProtocol(vals, sigma_eta=0.3, sigma_delta=20.0, peers=4, rng=rng, noise_keys=keys)
+    est = res.run().estimate
+    eta = [to_fixed(0.3 * ChaCha20Source(k).normal(1)) for k in keys]
+    total = to_fixed(vals).sum(keepdims=True) + np.sum(eta, axis=0)  # wraps mod 2**64
+    assert est == fixed_mean(total, 15)[0]
+    again = GopaProtocol(vals, sigma_eta=0.3, sigma_delta=7.0, peers=2, noise_keys=keys).run()
+    assert again.estimate == est  # another graph, pairwise noise and session: same release
+
+
+def test_large_pairwise_noise_no_spurious_overflow():
+    """sigma_delta = 1e7 used to abort ('would overflow int64'); modular sums are exact."""
+    rng = np.random.default_rng(9)
+    vals = rng.uniform(size=40)
+    res = GopaProtocol(vals, sigma_eta=0.0, sigma_delta=1e7, peers=5, rng=rng).run()
+    assert res.estimate == _fixed(vals).sum() / SCALE / 40
+    with pytest.raises(PrivacyParameterError, match="sigma_delta"):
+        GopaProtocol(vals, sigma_eta=0.0, sigma_delta=1e9, peers=5, rng=rng)
+    with pytest.raises(PrivacyParameterError, match="sigma_eta"):
+        GopaProtocol(vals, sigma_eta=1e6, sigma_delta=1.0, peers=5, rng=rng)
 
 
 def test_pairwise_noise_is_gaussian_and_key_dependent():
@@ -69,61 +90,160 @@ def test_pairwise_noise_is_gaussian_and_key_dependent():
     assert abs(np.corrcoef(z, other)[0, 1]) < 0.05
 
 
-def test_tampered_seed_is_rejected_and_nothing_is_derived():
+def test_tampered_pairing_message_aborts_before_masking():
     rng = np.random.default_rng(3)
     proto = GopaProtocol(rng.uniform(size=6), sigma_eta=0.1, sigma_delta=5.0, peers=2, rng=rng)
     proto.send_seeds()
-    eid, ct = proto.relay[0]
-    bad = bytearray(ct)
+    receiver = next(iter(proto.inboxes))
+    sender = next(iter(proto.inboxes[receiver]))
+    bad = bytearray(proto.inboxes[receiver][sender])
     bad[-1] ^= 0x01
-    proto.relay[0] = (eid, bytes(bad))
-    receiver = proto.parties[int(proto.edges[eid, 1])]
+    proto.inboxes[receiver][sender] = bytes(bad)
     with pytest.raises(ChannelIntegrityError, match="failed authentication"):
-        proto.receive_seeds()
-    assert eid not in receiver.pairwise
-    with pytest.raises(ProtocolAbortedError):
         proto.aggregate()
+    party = next(p for p in proto.parties if p.name == receiver)
+    assert party.eta is None  # nothing derived from the value was produced
 
 
-def test_channel_rejects_replay_and_wrong_direction():
-    a, b, c = Identity("a"), Identity("b"), Identity("c")
-    ab = a.channel_to("b", b.public_bytes, session=b"s")
-    ba = b.channel_to("a", a.public_bytes, session=b"s")
-    msg = ab.encrypt(b"seed")
-    assert ba.decrypt(msg) == b"seed"
-    with pytest.raises(ChannelIntegrityError, match="counter"):
-        ba.decrypt(msg)  # replay
-    # a message for b cannot be read by c (different X25519 secret)
-    ca = c.channel_to("a", a.public_bytes, session=b"s")
-    with pytest.raises(ChannelIntegrityError):
-        ca.decrypt(ab.encrypt(b"x"))
-    # another session derives another key
-    ba2 = b.channel_to("a", a.public_bytes, session=b"t")
-    with pytest.raises(ChannelIntegrityError):
-        ba2.decrypt(a.channel_to("b", b.public_bytes, session=b"s").encrypt(b"x"))
+def test_relay_key_substitution_aborts_before_any_value():
+    """A relay that swaps a party's ephemeral key for its own (classic MITM) is detected."""
+    rng = np.random.default_rng(6)
+    proto = GopaProtocol(rng.uniform(size=8), sigma_eta=0.1, sigma_delta=5.0, peers=3, rng=rng)
+    proto.session  # noqa: B018
+    parties = proto.parties
+    ads = {p.name: p.join(proto.session) for p in parties}
+    # the relay makes its own session key for party-1 and signs with a key it owns
+    mallory = IdentityKey("party-1")
+    fake = EphemeralSession(mallory, Roster.of([mallory]), proto.session.session).advertisement()
+    directory = {n: a.to_bytes() for n, a in ads.items()}
+    directory["party-1"] = fake.to_bytes()
+    victims = [p for p in parties if 1 in proto.session.neighbours(proto.session.index(p.name))]
+    assert victims
+    for p in victims:
+        with pytest.raises(KeySubstitutionError, match="not signed by its pinned"):
+            p.pair(directory)
+        assert p.eta is None
+    # an advertisement replayed from another session is refused too
+    other = EphemeralSession(parties[1].identity, proto.roster, bytes(16)).advertisement()
+    with pytest.raises(KeySubstitutionError, match="another session"):
+        other.verify(proto.roster, proto.session.session)
 
 
-def test_dropout_recovery_and_abort():
+def test_garbage_message_is_rejected_and_recovered_as_dropout():
+    rng = np.random.default_rng(7)
+    vals = rng.uniform(size=12)
+    proto = GopaProtocol(vals, sigma_eta=0.0, sigma_delta=3.0, peers=2, rng=rng, reveal_budget=12)
+    proto.send_seeds()
+    garbage = to_fixed([1e6])  # one party sends 1e6 instead of a value in [0, 1]
+    res = proto.aggregate(replace={4: garbage})
+    assert res.rejected == (4,) and res.dropped == (4,)
+    alive = np.setdiff1d(np.arange(12), [4])
+    assert res.estimate == _fixed(vals[alive]).sum() / SCALE / 11
+    assert res.false_rejection_bound == pytest.approx(12 * 1e-9)
+    # malformed types and shapes are rejected the same way, never summed
+    server = proto.server
+    for junk in (b"xx", np.zeros(3, np.uint64), np.zeros(1, np.float64), [1, 2]):
+        assert server.check_message(0, junk, range(12)) is not None
+    # the acceptance range is z sigma wide: an honest message is within it (z = 6.1)
+    _, hi = proto.session.acceptance_bound(0, 4)
+    assert hi - 1 == pytest.approx(norm.isf(0.5e-9) * 6.0, rel=1e-6)
+
+
+def test_party_validates_or_clips_its_own_value():
+    ident = IdentityKey("a")
+    roster = Roster.of([ident, IdentityKey("b")])
+    with pytest.raises(PrivacyParameterError, match="value"):
+        GopaParty(ident, roster, 1.5)
+    with pytest.raises(PrivacyParameterError, match="value"):
+        GopaParty(ident, roster, float("nan"), clip=True)
+    p = GopaParty(ident, roster, 1.5, clip=True)
+    assert p._value[0] == 1.0
+    q = GopaParty(ident, roster, [3.0, 4.0], vector=True, clip=True)
+    assert np.linalg.norm(q._value) == pytest.approx(0.5)
+    with pytest.raises(PrivacyParameterError, match="roster"):
+        GopaParty(IdentityKey("c"), roster, 0.5)
+
+
+def test_dropout_recovery_within_and_beyond_reveal_budget():
     rng = np.random.default_rng(4)
     vals = rng.uniform(size=20)
-    proto = GopaProtocol(vals, sigma_eta=0.0, sigma_delta=30.0, peers=3, rng=rng)
+    edges = random_peer_graph(20, 3, rng)
+    # within the budget: every survivor reveals at most 2 neighbours
+    proto = GopaProtocol(
+        vals, sigma_eta=0.0, sigma_delta=30.0, peers=3, edges=edges, rng=rng, reveal_budget=2
+    )
     proto.send_seeds()
-    proto.receive_seeds()
-    with pytest.raises(ProtocolAbortedError, match="dropped"):
-        proto.aggregate([3, 7], on_dropout="abort")
     res = proto.aggregate([3, 7])
     with pytest.raises(ProtocolAbortedError, match="already released"):
-        proto.aggregate()  # one release per session
+        proto.server.release({}, range(20), None)  # one release per session
     alive = np.setdiff1d(np.arange(20), [3, 7])
     assert res.estimate == _fixed(vals[alive]).sum() / SCALE / 18
-    touching = np.flatnonzero(np.isin(proto.edges, [3, 7]).any(axis=1))
-    assert set(res.revealed_edges) <= set(touching.tolist())
-    # privacy cost: the dropped parties and their edges leave the honest graph
+    touching = np.flatnonzero(np.isin(edges, [3, 7]).any(axis=1))
+    assert set(res.revealed_edges) == set(touching.tolist()) - set(
+        np.flatnonzero(np.isin(edges, [3, 7]).all(axis=1)).tolist()
+    )
     after = proto.privacy(dropouts=[3, 7])
     mask = np.ones(20, dtype=bool)
     mask[[3, 7]] = False
-    assert after.honest_count == 18
-    assert after.mu == gopa_mu(proto.edges, 0.0, 30.0, parties=20, honest=mask).mu
+    assert after.mu == gopa_mu(edges, 0.0, 30.0, parties=20, honest=mask).mu
+    # beyond: a neighbour of both 3 and 7 (or of 3 with budget 0) refuses; nothing released
+    for budget, drop in ((0, [3]), (1, [3, 7])):
+        p2 = GopaProtocol(
+            vals,
+            sigma_eta=0.0,
+            sigma_delta=30.0,
+            peers=3,
+            edges=edges,
+            rng=rng,
+            reveal_budget=budget,
+        )
+        p2.send_seeds()
+        both = [u for u in range(20) if set(drop) <= set(p2.session.neighbours(u))]
+        if budget == 1 and not both:
+            continue
+        with pytest.raises(ProtocolAbortedError, match="reveal budget"):
+            p2.aggregate(drop)
+    # abort mode never recovers
+    p3 = GopaProtocol(
+        vals, sigma_eta=0.0, sigma_delta=30.0, peers=3, edges=edges, rng=rng, reveal_budget=5
+    )
+    p3.send_seeds()
+    with pytest.raises(ProtocolAbortedError, match="dropped"):
+        p3.aggregate([3], on_dropout="abort")
+
+
+def test_absent_before_masking_counts_against_the_budget():
+    rng = np.random.default_rng(8)
+    vals = rng.uniform(size=10)
+    proto = GopaProtocol(vals, sigma_eta=0.0, sigma_delta=5.0, peers=2, rng=rng, reveal_budget=2)
+    proto.send_seeds(absent=[5])
+    res = proto.aggregate()
+    alive = np.setdiff1d(np.arange(10), [5])
+    assert res.estimate == _fixed(vals[alive]).sum() / SCALE / 9 and res.revealed_edges == ()
+    # a lying server telling a party that all its neighbours are gone is refused
+    p2 = GopaProtocol(vals, sigma_eta=0.0, sigma_delta=5.0, peers=3, rng=rng, reveal_budget=1)
+    p2.send_seeds()
+    victim = p2.parties[0]
+    with pytest.raises(ProtocolAbortedError, match="reveal budget"):
+        victim.mask(p2.inboxes[victim.name], [victim.name])
+    assert p2.session.lying_server_mu() == 1.0 / p2.sigma_eta if p2.sigma_eta else True
+
+
+def test_lying_server_worst_case_is_stated():
+    rng = np.random.default_rng(10)
+    vals = rng.uniform(size=10)
+    for budget, want in ((0, 0.0), (1, 1 / 0.4), (3, 1 / 0.4)):
+        proto = GopaProtocol(
+            vals, sigma_eta=0.4, sigma_delta=5.0, peers=2, rng=rng, reveal_budget=budget
+        )
+        assert proto.session.lying_server_mu() == want
+    # the bound is attained: a lying server strips the target's edges
+    proto = GopaProtocol(vals, sigma_eta=0.4, sigma_delta=5.0, peers=2, rng=rng, reveal_budget=1)
+    s = proto.session
+    target = 0
+    stripped = np.flatnonzero(~(s.edges == target).any(axis=1))
+    mu = gopa_mu(s.edges[stripped], 0.4, 5.0, parties=10).mu
+    assert mu == pytest.approx(1 / 0.4, rel=1e-9)
 
 
 def test_protocol_privacy_matches_accounting():

@@ -38,7 +38,7 @@ any ``x`` and is tight to second order.
 from __future__ import annotations
 
 import math
-import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -50,18 +50,20 @@ from numpy.typing import ArrayLike, NDArray
 
 from renyi._validation import check_int, check_nonnegative, check_positive, check_range, fail
 from renyi.closed_forms import gaussian_delta, gaussian_epsilon, gaussian_rdp
-from renyi.errors import RenyiError
 from renyi.federated.aggregation import (
     Calibration,
     check_values,
     gaussian_noise,
     gaussian_ratio,
 )
-from renyi.federated.channels import (
-    ChaCha20Source,
-    Identity,
-    SecureChannel,
-    derive_key,
+from renyi.federated.channels import ChaCha20Source, IdentityKey, Roster
+from renyi.federated.gopa_party import (
+    FRACTION_BITS,
+    GopaAggregator,
+    GopaParty,
+    GopaResult,
+    GopaSession,
+    ProtocolAbortedError,
 )
 from renyi.random import RandomSource, get_source
 
@@ -72,6 +74,7 @@ __all__ = [
     "GopaPrivacy",
     "GopaProtocol",
     "GopaResult",
+    "GopaSession",
     "ProtocolAbortedError",
     "calibrate_gopa",
     "gopa_mu",
@@ -81,18 +84,8 @@ __all__ = [
     "simulate_gopa_std",
 ]
 
-FRACTION_BITS = 32
-"""Fixed-point resolution of the messages: values are integers times ``2**-FRACTION_BITS``."""
-
-_SCALE = float(2**FRACTION_BITS)
 _EPS = float(np.finfo(np.float64).eps)
 _BLOCK = 512
-_LIMIT = 2.0**62
-
-
-class ProtocolAbortedError(RenyiError):
-    """The protocol stopped before releasing anything (e.g. a dropout with ``abort``)."""
-
 
 # --------------------------------------------------------------------------- graph
 
@@ -563,75 +556,23 @@ def simulate_gopa_std(
 # --------------------------------------------------------------------------- protocol
 
 
-def _to_fixed(x: NDArray[np.float64]) -> NDArray[np.int64]:
-    scaled = np.rint(x * _SCALE)
-    if not (np.abs(scaled) < _LIMIT).all():
-        raise fail("value", float(np.max(np.abs(x))), f"|value| < 2**{62 - FRACTION_BITS}")
-    return scaled.astype(np.int64)
-
-
-@dataclass
-class GopaParty:
-    """One participant: its private value, X25519 identity, channels and pairwise terms.
-
-    ``value`` never leaves the object except inside the masked message. The party's
-    pairwise terms are kept so that it can reveal one to the server during dropout recovery.
-    """
-
-    name: str
-    value: NDArray[np.float64] = field(repr=False)
-    identity: Identity = field(repr=False)
-    pairwise: dict[int, NDArray[np.int64]] = field(default_factory=dict, repr=False)
-    channels: dict[str, SecureChannel] = field(default_factory=dict, repr=False)
-    eta: NDArray[np.int64] | None = field(default=None, repr=False)
-
-    def channel(self, peer: GopaParty, session: bytes) -> SecureChannel:
-        if peer.name not in self.channels:
-            self.channels[peer.name] = self.identity.channel_to(
-                peer.name, peer.identity.public_bytes, session=session
-            )
-        return self.channels[peer.name]
-
-    def message(self, sigma_eta: float, rng: np.random.Generator | None) -> NDArray[np.int64]:
-        """``X_u + sum_v Delta_uv + eta_u`` in fixed point (exact integer arithmetic)."""
-        self.eta = _to_fixed(gaussian_noise(sigma_eta, self.value.shape, rng))
-        total = _to_fixed(self.value) + self.eta
-        for term in self.pairwise.values():
-            total = total + term
-        return total
-
-
-@dataclass(frozen=True)
-class GopaResult:
-    """What the server released and what happened on the way."""
-
-    estimate: NDArray[np.float64] | float
-    included: tuple[int, ...]
-    dropped: tuple[int, ...]
-    revealed_edges: tuple[int, ...]
-    edges: NDArray[np.int64] = field(repr=False)
-
-
 class GopaProtocol:
-    """GOPA with real cryptography, run in one process (parties are objects).
+    """GOPA run in one process over the per-party API (the reference simulation).
 
-    Phases: key directory (X25519 public keys), pairing (for edge ``(u, v)`` party ``u``
-    sends a fresh 256-bit seed to ``v`` through the AEAD channel, relayed by the server; both
-    derive ``y`` from HKDF(channel key, seed, edge id) through a ChaCha20 keystream and the
-    Box–Muller transform; ``u`` keeps ``+y``, ``v`` keeps ``-y`` as the same fixed-point
-    integers), masking, and aggregation (exact integer sum; the pairwise terms cancel
-    exactly).
+    Every party is a :class:`~renyi.federated.gopa_party.GopaParty` holding only its own
+    value and a fresh Ed25519 identity; the server is a
+    :class:`~renyi.federated.gopa_party.GopaAggregator`; the "network" is the dictionaries
+    :attr:`directory` (signed key advertisements) and :attr:`inboxes` (AEAD pairing
+    messages), which a test may tamper with between :meth:`send_seeds` and
+    :meth:`aggregate`, as a malicious relay would. The deployed version
+    (:mod:`renyi.federated.gopa_flower`) exchanges exactly the same messages and releases the
+    bit-identical estimate for the same values and noise keys.
 
-    Dropouts (parties that paired but never send): ``on_dropout="abort"`` raises
-    :class:`ProtocolAbortedError` before releasing anything; ``"recover"`` asks each surviving
-    neighbour to reveal its pairwise term with the dropped party and subtracts it. Privacy
-    cost of recovery: the revealed terms are known to the server, i.e. those edges leave the
-    honest graph; the guarantee is that of :meth:`privacy` on the surviving parties (the
-    dropped party's value is not released; its late message must be refused, which
-    :meth:`aggregate` does).
+    ``noise_keys``: one 32-byte key per party for its ``eta`` (``ChaCha20Source``),
+    otherwise ``rng`` (``None``: OS CSPRNG) draws ``eta``, seeds and the session id.
+    ``reveal_budget``: neighbours each party will drop or reveal (0: any dropout aborts).
 
-    >>> proto = GopaProtocol([0.1, 0.5, 0.9, 0.3], sigma_eta=0.0, sigma_delta=5.0, peers=2,
-    ...                      rng=np.random.default_rng(0))
+    >>> proto = GopaProtocol([0.1, 0.5, 0.9, 0.3], sigma_eta=0.0, sigma_delta=5.0, peers=2)
     >>> res = proto.run()
     >>> float(res.estimate) == float(np.rint(np.array([0.1, 0.5, 0.9, 0.3]) * 2**32).sum()
     ...                                / 2**32 / 4)
@@ -647,131 +588,129 @@ class GopaProtocol:
         peers: int,
         edges: ArrayLike | None = None,
         rng: np.random.Generator | None = None,
+        reveal_budget: int = 0,
+        noise_keys: Sequence[bytes] | None = None,
     ) -> None:
         arr = check_values(values)
         if arr.shape[0] < 2:
             raise fail("values", arr.shape, "at least 2 parties")
-        self.sigma_eta = check_nonnegative("sigma_eta", sigma_eta)
-        self.sigma_delta = check_nonnegative("sigma_delta", sigma_delta)
         k = arr.shape[0]
-        self.edges = (
+        e = (
             random_peer_graph(k, check_int("peers", peers, 1), rng)
             if edges is None
             else _check_edges(edges, k)
         )
-        self._rng = rng
-        self.session = bytes(get_source(rng).words(2).view(np.uint8))
+        if noise_keys is not None and len(noise_keys) != k:
+            raise fail("noise_keys", len(noise_keys), f"one 32-byte key per party ({k})")
+        vector = arr.ndim == 2
+        names = tuple(f"party-{i}" for i in range(k))
+        self.session = GopaSession(
+            session=bytes(get_source(rng).words(2).view(np.uint8)),
+            names=names,
+            edges=e,
+            sigma_eta=sigma_eta,
+            sigma_delta=sigma_delta,
+            dimension=arr.shape[1] if vector else 1,
+            vector=vector,
+            reveal_budget=reveal_budget,
+        )
+        self.edges = self.session.edges
+        self.sigma_eta = self.session.sigma_eta
+        self.sigma_delta = self.session.sigma_delta
+        identities = [IdentityKey(n) for n in names]
+        self.roster = Roster.of(identities)
         self.parties = [
             GopaParty(
-                f"party-{i}", arr[i] if arr.ndim == 2 else arr[i : i + 1], Identity(f"party-{i}")
+                identities[i],
+                self.roster,
+                arr[i],
+                vector=vector,
+                rng=rng if noise_keys is None else ChaCha20Source(noise_keys[i]),
+                seed_rng=rng,
             )
             for i in range(k)
         ]
-        self._scalar = arr.ndim == 1
-        self.relay: list[tuple[int, bytes]] = []  # (edge id, ciphertext) seen by the server
-        self._paired = False
-        self._released = False
+        self.server = GopaAggregator(self.session)
+        self.directory: dict[str, bytes] = {}
+        self.inboxes: dict[str, dict[str, bytes]] = {}
+        self.present: tuple[int, ...] = ()
 
-    # -- phase 1: pairing over the relayed AEAD channels
-    def send_seeds(self) -> None:
-        """Every edge's initiator encrypts a fresh seed to its peer; the server stores it."""
-        if self._released:
-            raise ProtocolAbortedError("this session already released its aggregate")
-        src = get_source(self._rng)
-        self.relay = []
-        for eid, (u, v) in enumerate(self.edges.tolist()):
-            pu, pv = self.parties[u], self.parties[v]
-            seed = bytes(src.words(4).view(np.uint8))
-            pu.pairwise[eid] = self._pairwise_term(pu.channel(pv, self.session).key, seed, eid)
-            ct = pu.channel(pv, self.session).encrypt(struct.pack(">Q", eid) + seed)
-            self.relay.append((eid, ct))
+    def send_seeds(self, absent: ArrayLike = ()) -> None:
+        """Key advertisement and pairing; ``absent`` parties never join (no cost)."""
+        k = len(self.parties)
+        gone = set(np.asarray(absent, dtype=np.int64).tolist())
+        if any(not 0 <= a < k for a in gone):
+            raise fail("absent", sorted(gone), f"indices in [0, {k - 1}]")
+        self.present = tuple(i for i in range(k) if i not in gone)
+        self.directory = {
+            self.parties[i].name: self.parties[i].join(self.session).to_bytes()
+            for i in self.present
+        }
+        outboxes = {
+            self.parties[i].name: self.parties[i].pair(self.directory) for i in self.present
+        }
+        self.inboxes = GopaAggregator.route(outboxes)
 
-    def receive_seeds(self) -> None:
-        """Each receiver authenticates its seed and derives the opposite pairwise term."""
-        for eid, ct in self.relay:
-            u, v = self.edges[eid].tolist()
-            pu, pv = self.parties[u], self.parties[v]
-            plain = pv.channel(pu, self.session).decrypt(ct)  # raises if tampered
-            (got,) = struct.unpack(">Q", plain[:8])
-            if got != eid:
-                raise ProtocolAbortedError(f"seed for edge {eid} was labelled {got}")
-            pv.pairwise[eid] = -self._pairwise_term(
-                pv.channel(pu, self.session).key, plain[8:], eid
-            )
-        self._paired = True
-
-    def _pairwise_term(self, channel_key: bytes, seed: bytes, eid: int) -> NDArray[np.int64]:
-        key = derive_key(channel_key, salt=seed, info=b"renyi-gopa-noise|" + struct.pack(">Q", eid))
-        d = self.parties[0].value.shape[0]
-        z = ChaCha20Source(key).normal(d)
-        return _to_fixed(self.sigma_delta * z)
-
-    # -- phase 2: masked messages and aggregation
     def aggregate(
         self,
         dropouts: ArrayLike = (),
         *,
         on_dropout: Literal["recover", "abort"] = "recover",
+        replace: dict[int, object] | None = None,
     ) -> GopaResult:
-        """Collect messages (``dropouts`` never send) and release the mean of the others."""
-        if not self._paired:
+        """Masking and release; ``dropouts`` paired but send no masked value.
+
+        ``replace`` substitutes what the server receives from some parties (tests: garbage
+        or a corrupted party's message). ``on_dropout="abort"`` refuses to recover.
+        """
+        if not self.present:
             raise ProtocolAbortedError("aggregate() called before the pairing phase")
-        if self._released:
-            raise ProtocolAbortedError(
-                "this session already released its aggregate: messages with fresh independent"
-                " noise over the same pairwise noise would be a second release; start a new"
-                " GopaProtocol"
-            )
         if on_dropout not in ("recover", "abort"):
             raise fail("on_dropout", on_dropout, "'recover' or 'abort'")
         k = len(self.parties)
-        drop = np.unique(np.asarray(dropouts, dtype=np.int64))
-        if drop.size and ((drop < 0).any() or (drop >= k).any()):
-            raise fail("dropouts", drop.tolist(), f"indices in [0, {k - 1}]")
-        alive = np.setdiff1d(np.arange(k), drop)
-        if alive.size == 0:
-            raise ProtocolAbortedError("every party dropped out; nothing is released")
-        if drop.size and on_dropout == "abort":
+        drop = set(np.asarray(dropouts, dtype=np.int64).tolist())
+        if any(not 0 <= d < k for d in drop):
+            raise fail("dropouts", sorted(drop), f"indices in [0, {k - 1}]")
+        if drop and on_dropout == "abort":
             raise ProtocolAbortedError(
-                f"parties {drop.tolist()} dropped after pairing; their pairwise noise would"
+                f"parties {sorted(drop)} dropped after pairing; their pairwise noise would"
                 " not cancel, so nothing is released"
             )
-        self._released = True  # the messages below are what the server sees
-        msgs = np.stack([self.parties[i].message(self.sigma_eta, self._rng) for i in alive])
-        dropped = np.isin(self.edges, drop)
-        broken = np.flatnonzero(dropped.any(axis=1) & ~dropped.all(axis=1))
-        correction = np.zeros(msgs.shape[1], dtype=np.int64)
-        for eid in broken.tolist():  # surviving endpoint reveals its term for that edge
-            u, v = self.edges[eid].tolist()
-            survivor = v if u in drop else u
-            correction += self.parties[survivor].pairwise[eid]
-        if (np.abs(msgs).max(initial=0) * float(alive.size) >= _LIMIT) or (
-            np.abs(correction).max(initial=0) >= _LIMIT
-        ):
-            raise ProtocolAbortedError("fixed-point sum would overflow int64")
-        total = msgs.sum(axis=0) - correction
-        mean = total.astype(np.float64) / _SCALE / alive.size
-        return GopaResult(
-            estimate=float(mean[0]) if self._scalar else mean,
-            included=tuple(alive.tolist()),
-            dropped=tuple(drop.tolist()),
-            revealed_edges=tuple(broken.tolist()),
-            edges=self.edges,
-        )
+        names = [self.parties[i].name for i in self.present]
+        messages: dict[int, object] = {}
+        for i in self.present:
+            if i in drop:
+                continue
+            p = self.parties[i]
+            messages[i] = p.mask(self.inboxes.get(p.name, {}), names)
+        for i, m in (replace or {}).items():
+            messages[i] = m
+
+        def reveal(dropped: list[str]) -> dict[int, dict[int, NDArray[np.uint64]]]:
+            if on_dropout == "abort":
+                raise ProtocolAbortedError(f"messages of {dropped} rejected; not recovering")
+            return {
+                i: self.parties[i].reveal(dropped)
+                for i in messages
+                if self.parties[i].name not in dropped
+            }
+
+        return self.server.release(messages, self.present, reveal)
 
     def run(
         self, dropouts: ArrayLike = (), *, on_dropout: Literal["recover", "abort"] = "recover"
     ) -> GopaResult:
         """Pairing then aggregation."""
         self.send_seeds()
-        self.receive_seeds()
         return self.aggregate(dropouts, on_dropout=on_dropout)
 
     def privacy(self, honest: ArrayLike | None = None, dropouts: ArrayLike = ()) -> GopaPrivacy:
         """Exact guarantee of this run for ``honest`` (default everyone) after ``dropouts``.
 
         Dropped parties and every edge touching them are removed (their pairwise terms were
-        revealed or never used); what remains is :func:`gopa_mu` on the survivors.
+        revealed or never used); what remains is :func:`gopa_mu` on the survivors. This is
+        the honest-server guarantee; under a server that lies about dropouts see
+        :meth:`GopaSession.lying_server_mu`.
         """
         k = len(self.parties)
         mask = np.zeros(k, dtype=bool)
