@@ -83,6 +83,13 @@ def _setup(
     return model, opt
 
 
+def _empty_step(opt: DPOptimizer, features: int = 3) -> None:
+    """One step on an empty Poisson batch (declared by accumulating zero examples)."""
+    opt.zero_grad()
+    opt.accumulate(torch.zeros(0, features), torch.zeros(0, dtype=torch.long))
+    opt.step()
+
+
 def _data(n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
     return torch.randn(n, 3, generator=g), torch.randint(0, 2, (n,), generator=g)
@@ -111,8 +118,7 @@ def test_noise_has_variance_sigma_c_squared_over_qn_squared(source_kind: str) ->
     source = SeededRandomSource(3) if source_kind == "seeded" else SecureRandomSource()
     _, opt = _setup(sigma=sigma, clip=clip, n=n, q=q, model=model, source=source)
     before = torch.cat([p.detach().clone().flatten() for p in model.parameters()])
-    opt.zero_grad()
-    opt.step()
+    _empty_step(opt, 500)
     after = torch.cat([p.detach().flatten() for p in model.parameters()])
     update = (before - after).double().numpy()
     std = sigma * clip / (q * n)
@@ -313,11 +319,10 @@ def test_budget_hook_refuses_before_the_step() -> None:
             self.spent += 1
 
     model, opt = _setup(budget=OneStepBudget())
-    opt.zero_grad()
-    opt.step()
+    _empty_step(opt)
     snapshot = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(BudgetExceededError):
-        opt.step()
+        _empty_step(opt)
     for before, p in zip(snapshot, model.parameters(), strict=True):
         assert torch.equal(before, p)
     assert opt.steps_taken == 1
@@ -339,12 +344,10 @@ def test_real_budget_refuses_the_step_that_would_exceed_it() -> None:
     allowed = budget.max_count(opt.event)
     assert allowed >= 1
     for _ in range(allowed):
-        opt.zero_grad()
-        opt.step()
+        _empty_step(opt)
     snapshot = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(BudgetExceededError):
-        opt.zero_grad()
-        opt.step()
+        _empty_step(opt)
     assert all(torch.equal(a, p) for a, p in zip(snapshot, model.parameters(), strict=True))
     assert opt.steps_taken == allowed
     # what was spent is within the budget by an independent accountant of the same steps

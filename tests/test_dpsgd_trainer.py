@@ -171,12 +171,13 @@ def test_generic_dataset_with_empty_poisson_batches() -> None:
     data = _ListDataset(20)
     private = _private(data, batch_size=1, steps=40, noise_multiplier=2.0)
     sizes = []
-    for x, y in private.data_loader:
-        sizes.append(len(y))
-        assert x.shape[1:] == (1, 8, 8)
-        private.optimizer.zero_grad()
-        private.optimizer.accumulate(x, y)
-        private.optimizer.step()
+    for _epoch in range(2):  # 40 steps at q = 1/20: two epochs of 20 batches
+        for x, y in private.data_loader:
+            sizes.append(len(y))
+            assert x.shape[1:] == (1, 8, 8)
+            private.optimizer.zero_grad()
+            private.optimizer.accumulate(x, y)
+            private.optimizer.step()
     assert 0 in sizes  # P(no empty batch in 40) = (1 - (19/20)^20)^40 < 1e-7
     assert private.optimizer.steps_taken == 40
 

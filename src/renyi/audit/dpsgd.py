@@ -304,10 +304,8 @@ def torch_final_step_scores(
             random_source=source,
         )
         opt.zero_grad()
-        idx = np.nonzero(inc[r])[0]
-        if idx.size:
-            rows = torch.as_tensor(idx)
-            opt.accumulate(eye[rows], torch.ones(idx.size, dtype=torch.float64))
+        rows = torch.as_tensor(np.nonzero(inc[r])[0])  # may be empty: still a step
+        opt.accumulate(eye[rows], torch.ones(rows.numel(), dtype=torch.float64))
         opt.step()
         out[r] = model.weight.detach().numpy().reshape(-1) * m / (lr * c)
     return out

@@ -12,8 +12,19 @@ from renyi.dpsgd.grad_sample import (
     check_model,
     per_example_grads,
 )
-from renyi.dpsgd.optimizer import DPOptimizer, NonFiniteLossError
-from renyi.dpsgd.privacy import PrivateTraining, make_private
+from renyi.dpsgd.optimizer import (
+    DPOptimizer,
+    NonFiniteLossError,
+    PlanExceededError,
+    UnclippedGradientError,
+)
+from renyi.dpsgd.privacy import (
+    EmptyBatchCollate,
+    PlanCompleteWarning,
+    PrivateTraining,
+    make_private,
+    private_data_loader,
+)
 from renyi.dpsgd.sampler import (
     FixedSizeSampler,
     PoissonSampler,
@@ -27,15 +38,19 @@ __all__ = [
     "ClippedGradientEngine",
     "DPOptimizer",
     "DatasetNotFoundError",
+    "EmptyBatchCollate",
     "FixedSizeSampler",
     "NonFiniteGradientError",
     "NonFiniteLossError",
+    "PlanCompleteWarning",
+    "PlanExceededError",
     "PoissonSampler",
     "PrivateTraining",
     "SecureRandomSource",
     "SeededRandomSource",
     "TrainHistory",
     "Trainer",
+    "UnclippedGradientError",
     "UnsupportedModelError",
     "check_model",
     "clipping_weights",
@@ -44,5 +59,6 @@ __all__ = [
     "load_fashion_mnist",
     "make_private",
     "per_example_grads",
+    "private_data_loader",
     "supports_ghost",
 ]

@@ -43,15 +43,18 @@ import torch
 
 from renyi._validation import check_int, check_positive, fail
 from renyi.dpsgd.grad_sample import NonFiniteGradientError
-from renyi.errors import RenyiError
+from renyi.errors import BudgetExceededError, RenyiError
 from renyi.events import Event, Neighbouring
 
 __all__ = [
     "BudgetHook",
     "ClippingEngine",
     "DPOptimizer",
+    "GradientCapture",
     "NonFiniteLossError",
+    "PlanExceededError",
     "PrivacySampler",
+    "UnclippedGradientError",
 ]
 
 
@@ -61,6 +64,36 @@ class NonFiniteLossError(NonFiniteGradientError):
     A subclass of the clipping engine's :class:`NonFiniteGradientError`, so catching that
     catches both (the engine refuses non-finite losses first; this re-checks its output).
     """
+
+
+class PlanExceededError(BudgetExceededError):
+    """A step beyond the steps the noise was calibrated for was refused (nothing released).
+
+    Raised by :meth:`DPOptimizer.step` of an optimizer made for a target (ε, δ) before any
+    noise is drawn or parameter changed. Opt out explicitly with
+    ``allow_exceeding_target=True`` (ε then grows past the target; read it with
+    :meth:`DPOptimizer.epsilon`).
+    """
+
+
+class UnclippedGradientError(RenyiError):
+    """``step()`` had no per-example clipped gradients to privatise; nothing was released.
+
+    Raised when neither :meth:`DPOptimizer.accumulate` nor an attached backward capture
+    produced clipped sums for the step (e.g. a plain ``loss.backward()`` on an optimizer
+    without a capture): the step would otherwise add noise to an unclipped or empty gradient.
+    """
+
+
+class GradientCapture(Protocol):
+    """Per-example clipped sums captured from the user's own ``loss.backward()``."""
+
+    @property
+    def sensitivity(self) -> float: ...
+
+    def pop_clipped_sum(self) -> tuple[dict[str, torch.Tensor], int, torch.Tensor]: ...
+
+    def zero_grad(self) -> None: ...
 
 
 class ClippingEngine(Protocol):
@@ -136,6 +169,18 @@ class DPOptimizer:
         clipping, grad_mode: passed to the clipping engine.
         engine: a ready clipping engine (advanced; it must clip to ``max_grad_norm``).
         budget: optional :class:`BudgetHook` asked before every step.
+        capture: a backward capture (e.g. :class:`renyi.dpsgd.capture.PerExampleCapture`):
+            when :meth:`accumulate` was not called, :meth:`step` takes the clipped sums of
+            the user's own ``loss.backward()`` from it (the Opacus idiom).
+        max_steps: the steps the noise was calibrated for (the plan); :meth:`step` refuses
+            step ``max_steps + 1`` with :class:`PlanExceededError` unless
+            ``allow_exceeding_target=True``. None: no plan (ε is whatever the steps cost).
+        target: ``(ε, δ)`` the plan was calibrated for (named in the refusal).
+        allow_exceeding_target: explicit opt-out of the plan's refusal.
+
+    Frozen parameters (``requires_grad=False``) in the wrapped optimizer are skipped (never
+    updated, so LoRA and partial fine-tuning work); one unfrozen after set-up is refused at
+    the next step.
 
     Raises:
         PrivacyParameterError: σ ≤ 0, C ≤ 0, a parameter outside ``model``, etc.
@@ -157,6 +202,10 @@ class DPOptimizer:
         grad_mode: str = "auto",
         engine: ClippingEngine | None = None,
         budget: BudgetHook | None = None,
+        capture: GradientCapture | None = None,
+        max_steps: int | None = None,
+        target: tuple[float, float] | None = None,
+        allow_exceeding_target: bool = False,
     ) -> None:
         self.noise_multiplier = check_positive("noise_multiplier", noise_multiplier)
         self.max_grad_norm = check_positive("max_grad_norm", max_grad_norm)
@@ -170,8 +219,12 @@ class DPOptimizer:
         named = {id(p): name for name, p in model.named_parameters() if p.requires_grad}
         self._param_names: list[str] = []
         self._params: list[torch.nn.Parameter] = []
+        self._frozen: list[torch.Tensor] = []
         for group in optimizer.param_groups:
             for p in group["params"]:
+                if not p.requires_grad:  # frozen (fine-tuning, LoRA): never updated
+                    self._frozen.append(p)
+                    continue
                 if id(p) not in named:
                     raise fail(
                         "optimizer",
@@ -218,6 +271,16 @@ class DPOptimizer:
         )
         if not math.isclose(float(engine_norm), self.max_grad_norm, rel_tol=1e-12):
             raise fail("engine sensitivity", engine_norm, f"equal to max_grad_norm={max_grad_norm}")
+        if capture is not None:
+            cap_norm = float(capture.sensitivity)
+            if not math.isclose(cap_norm, self.max_grad_norm, rel_tol=1e-12):
+                raise fail(
+                    "capture sensitivity", cap_norm, f"equal to max_grad_norm={max_grad_norm}"
+                )
+        self.capture = capture
+        self.max_steps = None if max_steps is None else check_int("max_steps", max_steps, 1)
+        self.target = target
+        self.allow_exceeding_target = bool(allow_exceeding_target)
         self.steps_taken = 0
         self._pending_steps = 0  # steps not yet composed into the accountant (lazy, exact)
         self._summed: dict[str, torch.Tensor] | None = None
@@ -233,6 +296,8 @@ class DPOptimizer:
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
         self._summed = None
         self._examples_seen = 0
+        if self.capture is not None:
+            self.capture.zero_grad()
 
     # -- stage 1: clip (accumulate clipped sums over micro-batches) ----------------------
     def accumulate(self, inputs: Any, targets: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -281,6 +346,9 @@ class DPOptimizer:
         """Add clipped sums computed elsewhere (e.g. by your own engine call) to this batch."""
         num_examples = check_int("num_examples", num_examples, 0)
         self._check_finite(torch.zeros(0), dict(sums), num_examples)
+        missing = [name for name in self._param_names if name not in sums]
+        if missing:
+            raise fail("clipped sums", sorted(sums), f"a clipped sum for every parameter {missing}")
         if self._summed is None:
             self._summed = {k: v.detach().clone() for k, v in sums.items()}
         else:
@@ -318,7 +386,7 @@ class DPOptimizer:
     # -- stage 2: noise -------------------------------------------------------------------
     def add_noise(self) -> None:
         """Set ``p.grad = clipped_sum + N(0, σ² C² I)`` for every parameter (once per step)."""
-        std = self.noise_multiplier * self.max_grad_norm
+        std = self.noise_std()
         flat = self.draw_noise()
         offset = 0
         for name, p in zip(self._param_names, self._params, strict=True):
@@ -330,6 +398,13 @@ class DPOptimizer:
             else:  # summed + std * noise, in one pass into the noise buffer
                 torch.add(summed.detach().to(noise.dtype), noise, alpha=std, out=noise)
             p.grad = noise.to(dtype=p.dtype, device=p.device)
+
+    def noise_std(self) -> float:
+        """Standard deviation of the noise on each coordinate of the clipped sum: σ·C.
+
+        (Adaptive clipping overrides it: part of the budget goes to the quantile estimate.)
+        """
+        return self.noise_multiplier * self.max_grad_norm
 
     def draw_noise(self) -> torch.Tensor:
         """One flat vector of i.i.d. N(0, 1) for all parameters, in :meth:`_noise_dtype`.
@@ -371,11 +446,24 @@ class DPOptimizer:
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Privatise the accumulated batch, record it, and run the wrapped optimizer step.
 
-        An empty logical batch (no :meth:`accumulate` call, or zero examples) is still a step:
-        it releases pure noise and is accounted like any other.
+        The clipped sums come from :meth:`accumulate` (or :meth:`add_clipped_sum`) calls since
+        the last step, else from the attached :attr:`capture` (the user's own
+        ``loss.backward()``). An empty logical batch (``accumulate`` of zero examples, or a
+        captured forward/backward of an empty batch) is still a step: it releases pure noise
+        and is accounted like any other.
+
+        Raises:
+            PlanExceededError: the step would go past the plan (``max_steps``).
+            UnclippedGradientError: no clipped sums for this step (e.g. ``loss.backward()``
+                without a capture): nothing is released, never noise on a raw ``.grad``.
+            BudgetExceededError: the budget hook refused the step.
         """
         if closure is not None:
             raise fail("closure", closure, "None (closures re-evaluate the loss non-privately)")
+        self._check_plan()
+        self._check_frozen()
+        if self._summed is None:
+            self._take_captured()
         if self.budget is not None:  # the gate: refuses before any noise is drawn or released
             self.budget.spend(self.event)
         self.pre_step()
@@ -383,6 +471,60 @@ class DPOptimizer:
         self._summed = None
         self._examples_seen = 0
         return result
+
+    def _check_plan(self) -> None:
+        if self.max_steps is None or self.allow_exceeding_target:
+            return
+        if self.steps_taken >= self.max_steps:
+            target = ""
+            if self.target is not None:
+                target = f" for ε = {self.target[0]:g} at δ = {self.target[1]:g}"
+            raise PlanExceededError(
+                f"step {self.steps_taken + 1} refused: {self.steps_taken} steps taken of the "
+                f"{self.max_steps} planned{target} (σ was calibrated for exactly that many); "
+                "nothing was released. Stop training here, or opt out explicitly with "
+                "allow_exceeding_target=True (ε then grows past the target)"
+            )
+
+    def _check_frozen(self) -> None:
+        for p in self._frozen:
+            if p.requires_grad:
+                raise fail(
+                    "optimizer",
+                    f"parameter of shape {tuple(p.shape)} unfrozen after set-up",
+                    "the trainable parameters fixed when the DP optimizer was made (make a new "
+                    "one after changing requires_grad)",
+                )
+            p.grad = None  # a frozen parameter is never updated (weight decay included)
+
+    def _take_captured(self) -> None:
+        """Clipped sums of the user's own backward from :attr:`capture`, or refuse."""
+        raw = [
+            n for n, p in zip(self._param_names, self._params, strict=True) if p.grad is not None
+        ]
+        if self.capture is None:
+            why = (
+                f"the parameters {raw[:3]}{'...' if len(raw) > 3 else ''} have gradients from a "
+                "plain loss.backward(), which are not clipped per example"
+                if raw
+                else "nothing was accumulated for this step"
+            )
+            raise UnclippedGradientError(
+                f"step() refused: {why}. Call optimizer.accumulate(inputs, targets) for every "
+                "batch (an empty Poisson batch too), or make the optimizer with "
+                "renyi.dpsgd.PrivacyEngine().make_private(...) so that loss.backward() is "
+                "captured per example; nothing was released"
+            )
+        try:
+            sums, n, _ = self.capture.pop_clipped_sum()
+        except RenyiError as exc:
+            if isinstance(exc, UnclippedGradientError | NonFiniteGradientError):
+                raise
+            raise UnclippedGradientError(
+                f"step() refused: no per-example gradients were captured for this step ({exc}); "
+                "nothing was released"
+            ) from exc
+        self.add_clipped_sum(sums, n)
 
     # -- privacy --------------------------------------------------------------------------
     def epsilon(self, delta: float) -> Any:

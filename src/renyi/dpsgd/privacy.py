@@ -28,49 +28,156 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 from torch.utils.data import default_collate as _default_collate
 
 from renyi._validation import check_delta, check_int, check_positive, fail
 from renyi.calibration import CalibrationResult, calibrate_noise_multiplier, epochs_to_steps
 from renyi.dpsgd.optimizer import BudgetHook, ClippingEngine, DPOptimizer
 from renyi.dpsgd.sampler import FixedSizeSampler, PoissonSampler, make_random_source
+from renyi.errors import RenyiWarning
 
-__all__ = ["PrivateTraining", "make_private", "private_data_loader"]
+__all__ = [
+    "EmptyBatchCollate",
+    "PlanCompleteWarning",
+    "PlannedBatchSampler",
+    "PrivateTraining",
+    "dataset_of",
+    "make_private",
+    "private_data_loader",
+]
 
 SamplingName = Literal["poisson", "fixed_size"]
 
 
-class _CollateWithEmpty:
-    """``default_collate`` that also turns an empty batch into zero-length tensors."""
+class PlanCompleteWarning(RenyiWarning):
+    """A private data loader was iterated again after yielding all the planned batches."""
 
-    def __init__(self, dataset: Dataset[Any]) -> None:
+
+def _empty_like(value: Any) -> Any:
+    """``value`` (a collated batch: tensors in tuples/lists/dicts) with every tensor cut to 0
+    rows; other leaves are kept as they are."""
+    if isinstance(value, torch.Tensor):
+        return value[:0] if value.ndim > 0 else value
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
+        return type(value)(*(_empty_like(v) for v in value))
+    if isinstance(value, tuple | list):
+        return type(value)(_empty_like(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _empty_like(v) for k, v in value.items()}
+    return value
+
+
+class EmptyBatchCollate:
+    """A ``collate_fn`` that also collates the empty batches of Poisson sampling.
+
+    Non-empty batches go to ``collate_fn`` (default: torch's ``default_collate``) unchanged.
+    An empty batch is collated as a batch of one example (``dataset[0]``) with every tensor
+    then cut to zero rows: the structure, dtypes and trailing shapes of a real batch, no
+    example. (Only shapes are taken from ``dataset[0]``; nothing is released from it: an
+    empty batch contributes a zero clipped sum.) Picklable, so ``num_workers > 0`` works.
+
+    Example:
+        >>> from torch.utils.data import TensorDataset
+        >>> ds = TensorDataset(torch.zeros(5, 3), torch.zeros(5, dtype=torch.long))
+        >>> x, y = EmptyBatchCollate(ds)([])
+        >>> tuple(x.shape), tuple(y.shape)
+        ((0, 3), (0,))
+    """
+
+    def __init__(
+        self, dataset: Dataset[Any], collate_fn: Callable[[list[Any]], Any] | None = None
+    ) -> None:
         self.dataset = dataset
+        self.collate_fn = collate_fn if collate_fn is not None else _default_collate
 
     def __call__(self, batch: list[Any]) -> Any:
-        if batch:
-            return _default_collate(batch)
-        example = self.dataset[0]
-        items = example if isinstance(example, tuple | list) else (example,)
-        empty = []
-        for item in items:
-            t = torch.as_tensor(item)
-            empty.append(torch.empty((0, *t.shape), dtype=t.dtype))
-        return tuple(empty) if isinstance(example, tuple | list) else empty[0]
+        if len(batch) > 0:
+            return self.collate_fn(batch)
+        return _empty_like(self.collate_fn([self.dataset[0]]))
+
+
+class PlannedBatchSampler:
+    """The batches of a privacy sampler, cut into epochs, ending after the planned steps.
+
+    Iterating it yields the next ``steps_per_epoch`` batches of ``sampler`` (one epoch; the
+    last one may be shorter), continuing where the previous pass stopped, so that the usual
+    loop ``for epoch in range(E): for batch in loader`` draws exactly the planned ``steps``
+    batches over the ``E`` epochs. Once all ``sampler.steps`` batches are drawn, further
+    passes yield nothing and warn (:class:`PlanCompleteWarning`): no loop can draw more
+    batches than the plan, whatever wraps it. Empty batches are yielded, never skipped.
+
+    Use it as the ``batch_sampler`` of a ``torch.utils.data.DataLoader`` (with
+    :class:`EmptyBatchCollate`), as :func:`private_data_loader` does.
+
+    Args:
+        sampler: a :class:`~renyi.dpsgd.sampler.PoissonSampler` or
+            :class:`~renyi.dpsgd.sampler.FixedSizeSampler` (its ``steps`` is the plan).
+        steps_per_epoch: batches per pass (default ``⌈1/q⌉``).
+    """
+
+    def __init__(
+        self, sampler: PoissonSampler | FixedSizeSampler, steps_per_epoch: int | None = None
+    ) -> None:
+        self.sampler = sampler
+        if steps_per_epoch is None:
+            steps_per_epoch = max(1, math.ceil(1.0 / sampler.sample_rate - 1e-9))
+        self.steps_per_epoch = check_int("steps_per_epoch", steps_per_epoch, 1)
+        self._it: Any = None
+        self._drawn = 0
+
+    @property
+    def steps(self) -> int:
+        """All batches of the plan (``sampler.steps``)."""
+        return int(self.sampler.steps)
+
+    @property
+    def batches_drawn(self) -> int:
+        return self._drawn
+
+    def __len__(self) -> int:
+        """Batches of the next pass (an epoch, the rest of one, or 0 after the plan)."""
+        remaining = self.steps - self._drawn
+        return min(remaining, self.steps_per_epoch - self._drawn % self.steps_per_epoch)
+
+    def __iter__(self) -> Any:
+        count = len(self)
+        if count == 0:
+            warnings.warn(
+                f"the private data loader has yielded all {self.steps} planned batches "
+                f"({self.steps / self.steps_per_epoch:.6g} epochs); this pass yields none "
+                "(the privacy guarantee covers only the planned steps)",
+                PlanCompleteWarning,
+                stacklevel=2,
+            )
+            return
+        if self._it is None:
+            self._it = iter(self.sampler)
+        for _ in range(count):
+            batch = next(self._it)
+            self._drawn += 1
+            yield batch
+
+    def resync(self) -> None:
+        """Continue after the sampler's restored position (after a checkpoint is loaded)."""
+        self._it = None
+        self._drawn = int(self.sampler.state_dict()["position"])
 
 
 class _TensorBatches:
     """Fast path for ``TensorDataset``: index all tensors at once, one batch per sampler step."""
 
-    def __init__(self, dataset: TensorDataset, sampler: PoissonSampler | FixedSizeSampler) -> None:
+    def __init__(self, dataset: TensorDataset, batch_sampler: PlannedBatchSampler) -> None:
         self.dataset = dataset
-        self.batch_sampler = sampler
+        self.batch_sampler = batch_sampler
 
     def __len__(self) -> int:
         return len(self.batch_sampler)
@@ -81,11 +188,69 @@ class _TensorBatches:
             yield tuple(t[index] for t in self.dataset.tensors)
 
 
-def private_data_loader(dataset: Dataset[Any], sampler: PoissonSampler | FixedSizeSampler) -> Any:
-    """An iterable of ``(inputs, targets)`` batches drawn by ``sampler`` (empty batches kept)."""
+#: DataLoader settings carried over from a user's loader to the private one.
+_KEPT_LOADER_SETTINGS = (
+    "num_workers",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+)
+
+
+def dataset_of(data: Dataset[Any] | DataLoader[Any] | Sequence[Any]) -> Dataset[Any]:
+    """The dataset behind ``data`` (a ``DataLoader``'s ``.dataset``, else ``data`` itself).
+
+    Raises:
+        PrivacyParameterError: an iterable-style dataset (no length, no random access:
+            Poisson sampling needs both).
+    """
+    dataset = data.dataset if isinstance(data, DataLoader) else data
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        raise fail(
+            "data",
+            type(dataset).__name__,
+            "a map-style dataset with len() and indexing (Poisson sampling draws each example "
+            "independently; an IterableDataset cannot be sampled that way)",
+        )
+    return dataset  # type: ignore[return-value]
+
+
+def private_data_loader(
+    data: Dataset[Any] | DataLoader[Any] | Sequence[Any],
+    sampler: PoissonSampler | FixedSizeSampler,
+    *,
+    steps_per_epoch: int | None = None,
+) -> Any:
+    """An iterable of batches drawn by ``sampler``, in epochs, ending after the planned steps.
+
+    ``data`` is a map-style dataset or a ``DataLoader``: the loader's ``collate_fn``,
+    ``num_workers``, ``pin_memory`` (and its other worker settings) are kept, its sampler and
+    batch size are replaced by ``sampler`` (through :class:`PlannedBatchSampler`), and empty
+    batches are collated by :class:`EmptyBatchCollate`. A ``TensorDataset`` without a loader
+    takes a fast path (one indexing per batch).
+    """
+    batches = PlannedBatchSampler(sampler, steps_per_epoch)
+    if isinstance(data, DataLoader):
+        dataset = dataset_of(data)
+        settings = {k: getattr(data, k) for k in _KEPT_LOADER_SETTINGS if hasattr(data, k)}
+        if not settings.get("num_workers"):
+            settings.pop("prefetch_factor", None)
+            settings["persistent_workers"] = False
+        return DataLoader(
+            dataset,
+            batch_sampler=batches,
+            collate_fn=EmptyBatchCollate(dataset, data.collate_fn),
+            **settings,
+        )
+    dataset = dataset_of(data)
     if isinstance(dataset, TensorDataset):
-        return _TensorBatches(dataset, sampler)
-    return DataLoader(dataset, batch_sampler=sampler, collate_fn=_CollateWithEmpty(dataset))
+        return _TensorBatches(dataset, batches)
+    return DataLoader(dataset, batch_sampler=batches, collate_fn=EmptyBatchCollate(dataset))
 
 
 @dataclass
@@ -132,6 +297,9 @@ class PrivateTraining:
         self.optimizer.load_state_dict(state["optimizer"])  # validates the mechanism first
         self.model.load_state_dict(state["model"])
         self.sampler.load_state_dict(state["sampler"])
+        batches = getattr(self.data_loader, "batch_sampler", None)
+        if isinstance(batches, PlannedBatchSampler):
+            batches.resync()
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write :meth:`state_dict` to ``path`` with ``torch.save``."""
@@ -145,12 +313,12 @@ class PrivateTraining:
 def make_private(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    data: Dataset[Any] | Sequence[Any],
+    data: Dataset[Any] | DataLoader[Any] | Sequence[Any],
     *,
     loss_fn: Callable[..., torch.Tensor],
     delta: float,
-    batch_size: int,
     max_grad_norm: float,
+    batch_size: int | None = None,
     target_epsilon: float | None = None,
     noise_multiplier: float | None = None,
     epochs: float | None = None,
@@ -163,12 +331,15 @@ def make_private(
     grad_mode: str = "auto",
     engine: ClippingEngine | None = None,
     budget: BudgetHook | None = None,
+    allow_exceeding_target: bool = False,
 ) -> PrivateTraining:
     """Calibrate σ to ``(target_epsilon, delta)`` and wire sampler, optimizer and accountant.
 
     Args:
         model, optimizer: the model and its (non-private) optimizer.
-        data: a map-style dataset of ``(input, target)`` pairs.
+        data: a map-style dataset of ``(input, target)`` pairs, or a ``DataLoader`` over one
+            (its ``collate_fn``, ``num_workers``, ``pin_memory`` are kept; its sampler is
+            replaced by the privacy sampler; ``batch_size`` defaults to its batch size).
         loss_fn: per-example loss for the clipping engine.
         delta: δ in (0, 1) of the guarantee (and of the calibration).
         batch_size: *expected* batch size b; q = b / n. Fixed size with ``"fixed_size"``.
@@ -179,13 +350,30 @@ def make_private(
         accountant: ``"pld"`` (default, tight), ``"rdp"`` or ``"zcdp"``.
         sampling: ``"poisson"`` (add/remove) or ``"fixed_size"`` (replace-one).
         seed: None for the secure OS source, an int for reproducible (insecure) experiments.
+        allow_exceeding_target: with ``target_epsilon``, the optimizer refuses a step past
+            the planned ``steps`` (:class:`~renyi.dpsgd.optimizer.PlanExceededError`) unless
+            this is True.
+
+    The returned ``data_loader`` yields the planned batches in epochs of ``⌈1/q⌉`` batches
+    and ends after ``steps`` of them, whatever loop wraps it (see
+    :class:`PlannedBatchSampler`).
 
     Raises:
         PrivacyParameterError: inconsistent or out-of-range arguments.
     """
     delta = check_delta(delta)
     max_grad_norm = check_positive("max_grad_norm", max_grad_norm)
-    n = check_int("len(data)", len(data), 1)  # type: ignore[arg-type]
+    dataset = dataset_of(data)
+    n = check_int("len(data)", len(dataset), 1)  # type: ignore[arg-type]
+    if batch_size is None and isinstance(data, DataLoader):
+        batch_size = data.batch_size
+    if batch_size is None:
+        raise fail(
+            "batch_size",
+            None,
+            "the expected batch size (an integer >= 1; taken from a DataLoader's batch_size "
+            "when data is one)",
+        )
     batch_size = check_int("batch_size", batch_size, 1)
     if batch_size > n:
         raise fail("batch_size", batch_size, f"an integer in [1, len(data)={n}]")
@@ -259,11 +447,14 @@ def make_private(
         grad_mode=grad_mode,
         engine=engine,
         budget=budget,
+        max_steps=steps if target_epsilon is not None else None,
+        target=None if target_epsilon is None else (target_epsilon, delta),
+        allow_exceeding_target=allow_exceeding_target,
     )
     return PrivateTraining(
         model=model,
         optimizer=dp_optimizer,
-        data_loader=private_data_loader(data, sampler),  # type: ignore[arg-type]
+        data_loader=private_data_loader(data, sampler),
         sampler=sampler,
         noise_multiplier=sigma,
         max_grad_norm=max_grad_norm,

@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import math
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any
@@ -181,6 +182,25 @@ def make_random_source(seed: int | None = None) -> TorchRandomSource:
     return SecureRandomSource() if seed is None else SeededRandomSource(seed)
 
 
+def _refuse_default_collate(caller: Any) -> None:
+    """Refuse, before the first batch, a ``DataLoader(batch_sampler=sampler)`` whose
+    ``collate_fn`` is torch's ``default_collate``: it raises ``IndexError`` on the first
+    empty batch, which Poisson sampling draws at random (an error that depends on the coins)."""
+    from torch.utils.data import default_collate
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    it = caller.f_locals.get("self") if caller is not None else None
+    if isinstance(it, _BaseDataLoaderIter) and it._collate_fn is default_collate:
+        raise fail(
+            "DataLoader collate_fn",
+            "default_collate",
+            "a collate_fn that handles empty batches (Poisson sampling draws them): "
+            "DataLoader(dataset, batch_sampler=sampler, collate_fn="
+            "renyi.dpsgd.EmptyBatchCollate(dataset)), or "
+            "renyi.dpsgd.privacy.private_data_loader(dataset, sampler)",
+        )
+
+
 class _PrivacySamplerBase:
     """Shared plumbing: step counting, state, and the matching accounting event."""
 
@@ -207,6 +227,10 @@ class _PrivacySamplerBase:
         raise NotImplementedError
 
     def __iter__(self) -> Iterator[list[int]]:
+        _refuse_default_collate(sys._getframe(1))
+        return self._batches()
+
+    def _batches(self) -> Iterator[list[int]]:
         while self._position < self.steps:
             batch = self._draw()
             self._position += 1

@@ -188,27 +188,32 @@ class Trainer:
         loss_sum, loss_count = 0.0, 0
         running = float("nan")
         try:
-            for x, y in private.data_loader:
-                if opt.steps_taken >= private.steps:
-                    break
-                opt.zero_grad()
-                losses, _ = opt.accumulate(x, y)
-                opt.step()
-                loss_sum += float(losses.sum())
-                loss_count += int(losses.numel())
-                step = opt.steps_taken
-                if step % self.eval_every == 0 or step == private.steps:
-                    running = loss_sum / loss_count if loss_count else float("nan")
-                    loss_sum, loss_count = 0.0, 0
-                    self._record(step, running)
+            while opt.steps_taken < private.steps:  # one pass = one epoch of the loader
+                yielded = 0
+                for x, y in private.data_loader:
+                    yielded += 1
+                    if opt.steps_taken >= private.steps:
+                        break
+                    opt.zero_grad()
+                    losses, _ = opt.accumulate(x, y)
+                    opt.step()
+                    loss_sum += float(losses.sum())
+                    loss_count += int(losses.numel())
+                    step = opt.steps_taken
+                    if step % self.eval_every == 0 or step == private.steps:
+                        running = loss_sum / loss_count if loss_count else float("nan")
+                        loss_sum, loss_count = 0.0, 0
+                        self._record(step, running)
+                        if bar is not None:
+                            bar.set_postfix(
+                                loss=f"{running:.3f}",
+                                acc=f"{self.history.eval_accuracy[-1]:.3f}",
+                                eps=f"{self.history.epsilons[-1]:.3g}",
+                            )
                     if bar is not None:
-                        bar.set_postfix(
-                            loss=f"{running:.3f}",
-                            acc=f"{self.history.eval_accuracy[-1]:.3f}",
-                            eps=f"{self.history.epsilons[-1]:.3g}",
-                        )
-                if bar is not None:
-                    bar.update(1)
+                        bar.update(1)
+                if yielded == 0:  # the loader's plan is spent (e.g. after a partial resume)
+                    break
         finally:
             if bar is not None:
                 bar.close()
