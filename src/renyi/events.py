@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -66,6 +66,7 @@ __all__ = [
     "LaplaceEvent",
     "Neighbouring",
     "PoissonSampledEvent",
+    "PoissonSampledGroupEvent",
     "PureDpEvent",
     "RandomizedResponseEvent",
     "RdpEvent",
@@ -893,6 +894,60 @@ class SelfComposedEvent(Event):
 
 
 # ---------------------------------------------------------------------------- DP-SGD steps
+
+
+@dataclass(frozen=True)
+class PoissonSampledGroupEvent(Event):
+    """A Gaussian on Poisson-sampled records, guaranteed for a group of ``group_size`` records.
+
+    User-level DP with example-level sampling ("ELS", Charles et al. 2024): each of a user's
+    ``group_size`` examples is kept independently w.p. ``sampling_rate``, each clipped
+    gradient has norm at most C, and the sum gets ``N(0, (σC)²)``. Adding or removing the
+    user shifts the sum by ``M·C``, ``M ~ Binomial(group_size, sampling_rate)``
+    (:func:`renyi.mixtures.binomial_mixture_gaussian_rdp`). ``group_size = 1`` is exactly
+    :class:`PoissonSampledEvent` of the Gaussian. Neighbouring: add/remove one user.
+    """
+
+    sampling_rate: float
+    group_size: int
+    event: Event
+    kind: ClassVar[str] = "poisson_sampled_group"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "sampling_rate", check_probability("sampling_rate", self.sampling_rate)
+        )
+        object.__setattr__(self, "group_size", check_int("group_size", self.group_size, 1))
+        if not isinstance(self.event, GaussianEvent) or (
+            self.event.neighbouring is not Neighbouring.ADD_REMOVE
+        ):
+            raise fail("event", self.event, "a GaussianEvent with add/remove neighbouring")
+
+    @property
+    def neighbouring(self) -> Neighbouring:
+        return Neighbouring.ADD_REMOVE
+
+    def children(self) -> tuple[Event, ...]:
+        return (self.event,)
+
+    @property
+    def noise_multiplier(self) -> float:
+        return cast(GaussianEvent, self.event).noise_multiplier
+
+    def rdp_epsilons(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        if self.group_size == 1:
+            return PoissonSampledEvent(self.sampling_rate, self.event).rdp_epsilons(orders)
+        from renyi.mixtures import binomial_mixture_gaussian_rdp
+
+        return binomial_mixture_gaussian_rdp(
+            self.noise_multiplier, self.group_size, self.sampling_rate, orders
+        )
+
+    def zcdp_rho(self) -> float:
+        # Joint quasi-convexity: no worse than the Gaussian with sensitivity group_size·C.
+        if self.sampling_rate == 0.0:
+            return 0.0
+        return self.group_size**2 * self.event.zcdp_rho()
 
 
 @dataclass(frozen=True)
