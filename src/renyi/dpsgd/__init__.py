@@ -4,6 +4,11 @@ Importing this package needs ``torch``; ``import renyi`` does not.
 """
 
 from renyi.dpsgd.clipping import ClippedGradientEngine, clipping_weights
+from renyi.dpsgd.correlated import (
+    CorrelatedOptimizer,
+    CyclicPoissonSampler,
+    make_private_correlated,
+)
 from renyi.dpsgd.data import DatasetNotFoundError, load_digits, load_fashion_mnist
 from renyi.dpsgd.ghost import GHOST_LAYER_TYPES, supports_ghost
 from renyi.dpsgd.grad_sample import (
@@ -36,6 +41,8 @@ from renyi.dpsgd.trainer import Trainer, TrainHistory, evaluate
 __all__ = [
     "GHOST_LAYER_TYPES",
     "ClippedGradientEngine",
+    "CorrelatedOptimizer",
+    "CyclicPoissonSampler",
     "DPOptimizer",
     "DatasetNotFoundError",
     "EmptyBatchCollate",
@@ -58,6 +65,7 @@ __all__ = [
     "load_digits",
     "load_fashion_mnist",
     "make_private",
+    "make_private_correlated",
     "per_example_grads",
     "private_data_loader",
     "supports_ghost",

@@ -1,0 +1,436 @@
+"""Correlated-noise private training in PyTorch: DP-FTRL (tree), banded MF and BLT.
+
+The same clip → noise → scale → account → step pipeline as DP-SGD
+(:class:`~renyi.dpsgd.optimizer.DPOptimizer`: same clipping engine, same secure noise
+source, same budget gate), with one change: the fresh standard normal vector of each step
+goes through the strategy's bounded-memory filter (:mod:`renyi.correlated.streaming`) before
+it is scaled and added, so step t adds row t of ``C⁻¹ Z`` and the noise cancels in the
+running sums the model depends on (Kairouz et al. 2021; Choquette-Choo et al. 2023;
+Dvijotham et al. 2024).
+
+Batches come from :class:`CyclicPoissonSampler`: every record is assigned once, at random, to
+one of b partitions; step t uses partition ``t mod b`` and keeps each of its records with
+probability q. The privacy plan (:func:`renyi.correlated.accounting.correlated_plan`) is
+charged at the first step of each round of b steps (amplified banded: one Poisson-subsampled
+Gaussian per round) or once at step 0 (b-min-sep: one Gaussian for the whole run); the
+budget hook is asked before each charge, and steps beyond the plan are refused.
+
+Guarantee: training for at most ``plan.steps`` steps with the returned loader and
+optimizer is (ε, δ)-DP (add/remove neighbours) for the ε the accountant reports for
+``plan.event``.
+
+Checkpoints (:meth:`CorrelatedOptimizer.state_dict`) carry the filter's state — past noise
+vectors. Keep them as secret as the data: whoever holds them can cancel part of the noise.
+
+Example:
+    >>> import torch
+    >>> from renyi.dpsgd.data import load_digits
+    >>> train, _ = load_digits()
+    >>> model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    >>> private = make_private_correlated(model, torch.optim.SGD(model.parameters(), lr=1.0),
+    ...     train, loss_fn=torch.nn.CrossEntropyLoss(), target_epsilon=3.0, delta=1e-5,
+    ...     epochs=2, batch_size=64, max_grad_norm=1.0, noise="banded", bands=4
+    ... )  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import torch
+from torch.utils.data import Dataset
+
+from renyi._validation import check_delta, check_int, check_positive, fail
+from renyi.calibration import CalibrationResult, epochs_to_steps
+from renyi.correlated.accounting import CorrelatedPlan, calibrate_correlated, correlated_plan
+from renyi.correlated.optimize import optimize_banded, optimize_blt
+from renyi.correlated.strategies import Strategy, TreeStrategy, identity
+from renyi.correlated.streaming import streaming_noise
+from renyi.correlated.workload import prefix_coefs
+from renyi.dpsgd.optimizer import BudgetHook, ClippingEngine, DPOptimizer
+from renyi.dpsgd.privacy import PrivateTraining, private_data_loader
+from renyi.dpsgd.sampler import (
+    TorchRandomSource,
+    _PrivacySamplerBase,
+    make_random_source,
+)
+from renyi.errors import RenyiError
+from renyi.events import Event, GaussianEvent, Neighbouring, PoissonSampledEvent
+
+__all__ = [
+    "NOISE_KINDS",
+    "CorrelatedOptimizer",
+    "CyclicPoissonSampler",
+    "make_private_correlated",
+]
+
+NoiseKind = Literal["dpsgd", "tree", "banded", "blt"]
+NOISE_KINDS: tuple[str, ...] = ("dpsgd", "tree", "banded", "blt")
+
+
+class CyclicPoissonSampler(_PrivacySamplerBase):
+    """Cyclic Poisson sampling (Choquette-Choo et al. 2023): b random partitions, step t
+    uses partition ``t mod b``, each of its records joining with probability q.
+
+    Each record's partition is drawn once, independently and uniformly, at construction
+    (so adding or removing one record changes no other record's partition). With one
+    partition this is :class:`~renyi.dpsgd.sampler.PoissonSampler`, uniform for uniform.
+
+    Args:
+        num_samples: n.
+        partitions: b ≥ 1.
+        sample_rate: q in (0, 1], the rate *within* a partition (expected batch q·n/b).
+        steps: batches per pass.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        partitions: int,
+        sample_rate: float,
+        steps: int,
+        *,
+        random_source: TorchRandomSource | None = None,
+    ) -> None:
+        from renyi._validation import check_range
+
+        self.num_samples = check_int("num_samples", num_samples, 1)
+        self.partitions = check_int("partitions", partitions, 1)
+        self.sample_rate = check_range("sample_rate", sample_rate, 0.0, 1.0, low_open=True)
+        self.steps = check_int("steps", steps, 1)
+        self.random_source = random_source if random_source is not None else make_random_source()
+        self._position = 0
+        self.assignment: torch.Tensor | None = None
+        if self.partitions > 1:
+            u = self.random_source.uniform(self.num_samples)
+            self.assignment = torch.clamp((u * self.partitions).floor().long(), max=partitions - 1)
+
+    @property
+    def neighbouring(self) -> Neighbouring:
+        return Neighbouring.ADD_REMOVE
+
+    @property
+    def expected_batch_size(self) -> float:
+        """q·n/b, the fixed divisor of the noisy sum (never the realised size)."""
+        return self.sample_rate * self.num_samples / self.partitions
+
+    def accounting_event(self, noise_multiplier: float) -> Event:
+        """One round: ``PoissonSampledEvent(q, GaussianEvent(noise_multiplier))``."""
+        return PoissonSampledEvent(self.sample_rate, GaussianEvent(noise_multiplier))
+
+    def _draw(self) -> torch.Tensor:
+        keep = self.random_source.uniform(self.num_samples) < self.sample_rate
+        if self.assignment is not None:
+            keep &= self.assignment == self._position % self.partitions
+        return torch.nonzero(keep).flatten()
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["assignment"] = None if self.assignment is None else self.assignment.clone()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        assignment = state.get("assignment")
+        if (assignment is None) != (self.assignment is None) or (
+            assignment is not None and tuple(assignment.shape) != (self.num_samples,)
+        ):
+            raise fail("state['assignment']", "checkpoint", "the partitions of this sampler")
+        super().load_state_dict(state)
+        if assignment is not None:
+            self.assignment = assignment.clone().long()
+
+
+class CorrelatedOptimizer(DPOptimizer):
+    """:class:`~renyi.dpsgd.optimizer.DPOptimizer` adding correlated noise ``C⁻¹ z``.
+
+    Args:
+        optimizer, model, loss_fn, max_grad_norm, accountant, random_source,
+        max_physical_batch_size, clipping, grad_mode, engine, budget: as for DPOptimizer.
+        strategy: the (streamable) strategy ``C``.
+        plan: its privacy plan (:func:`renyi.correlated.accounting.correlated_plan`), whose
+            noise multiplier and steps this optimizer follows.
+        sampler: the :class:`CyclicPoissonSampler` the plan was made for.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        model: torch.nn.Module,
+        loss_fn: Callable[..., torch.Tensor],
+        max_grad_norm: float,
+        sampler: CyclicPoissonSampler,
+        strategy: Strategy,
+        plan: CorrelatedPlan,
+        accountant: Any = "pld",
+        random_source: Any = None,
+        max_physical_batch_size: int | None = None,
+        clipping: str = "flat",
+        grad_mode: str = "auto",
+        engine: ClippingEngine | None = None,
+        budget: BudgetHook | None = None,
+    ) -> None:
+        if not isinstance(sampler, CyclicPoissonSampler):
+            raise fail("sampler", type(sampler).__name__, "a CyclicPoissonSampler")
+        if (plan.partitions, plan.sample_rate, plan.steps) != (
+            sampler.partitions,
+            sampler.sample_rate,
+            sampler.steps,
+        ):
+            raise fail(
+                "plan",
+                (plan.partitions, plan.sample_rate, plan.steps),
+                f"the sampler's (partitions, sample_rate, steps) = "
+                f"{(sampler.partitions, sampler.sample_rate, sampler.steps)}",
+            )
+        if plan.strategy != strategy.name:
+            raise fail("plan.strategy", plan.strategy, f"{strategy.name!r} (the strategy's)")
+        self.noise = streaming_noise(strategy)
+        super().__init__(
+            optimizer,
+            model=model,
+            loss_fn=loss_fn,
+            noise_multiplier=plan.noise_multiplier,
+            max_grad_norm=max_grad_norm,
+            sampler=sampler,
+            accountant=accountant,
+            random_source=random_source,
+            max_physical_batch_size=max_physical_batch_size,
+            clipping=clipping,
+            grad_mode=grad_mode,
+            engine=engine,
+            budget=budget,
+        )
+        self.strategy = strategy
+        self.plan = plan
+        self.event = plan.step_event
+        self._sensitivity = plan.sensitivity.value
+
+    def draw_noise(self) -> torch.Tensor:
+        """Row t of ``C⁻¹ Z`` times the sensitivity (one fresh N(0, I) draw per step)."""
+        y = self.noise.next(super().draw_noise())
+        if self._sensitivity != 1.0:
+            y.mul_(self._sensitivity)
+        return y
+
+    def account(self) -> None:
+        """Count the step; charge ``plan.step_event`` when it starts a round."""
+        if self.plan.charge_at(self.steps_taken):
+            self._pending_steps += 1
+        self.steps_taken += 1
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Privatise, charge at round starts (asking the budget first), and step."""
+        if closure is not None:
+            raise fail("closure", closure, "None (closures re-evaluate the loss non-privately)")
+        if self.steps_taken >= self.plan.steps:
+            raise RenyiError(
+                f"the privacy plan covers {self.plan.steps} steps; step {self.steps_taken + 1} "
+                "would release noise nobody accounted for"
+            )
+        if self.budget is not None and self.plan.charge_at(self.steps_taken):
+            self.budget.spend(self.event)
+        self.pre_step()
+        result = self.original_optimizer.step()
+        self._summed = None
+        self._examples_seen = 0
+        return result
+
+    def state_dict(self) -> dict[str, Any]:
+        """DPOptimizer's state + the plan + the noise filter's state (secret: past noise)."""
+        state = super().state_dict()
+        state["correlated"] = {
+            "plan": self.plan.to_dict(),
+            "strategy": self.strategy.to_dict(),
+            "noise": self.noise.state_dict(),
+        }
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; refuses another plan or strategy."""
+        saved = state.get("correlated")
+        if not isinstance(saved, dict):
+            raise fail("checkpoint", "DP-SGD state", "a CorrelatedOptimizer checkpoint")
+        for key, mine in (("plan", self.plan.to_dict()), ("strategy", self.strategy.to_dict())):
+            if saved[key] != mine:
+                raise fail(f"checkpoint {key}", saved[key], f"{mine!r} (this optimizer's)")
+        if saved["noise"]["step"] != state["steps_taken"]:
+            raise fail("checkpoint noise step", saved["noise"]["step"], "equal to steps_taken")
+        super().load_state_dict(state)
+        self.noise.load_state_dict(saved["noise"])
+
+
+def _strategy(
+    noise: str,
+    steps: int,
+    *,
+    bands: int | None,
+    buffers: int,
+    partitions: int,
+    rounds: int,
+    momentum: float,
+) -> Strategy:
+    workload = prefix_coefs(steps, momentum)
+    if noise == "dpsgd":
+        return identity()
+    if noise == "tree":
+        return TreeStrategy()
+    if noise == "banded":
+        return optimize_banded(steps, bands or partitions, workload=workload)
+    return optimize_blt(
+        steps, buffers, min_sep=partitions, max_participations=rounds, workload=workload
+    )
+
+
+def make_private_correlated(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: Dataset[Any] | Sequence[Any],
+    *,
+    loss_fn: Callable[..., torch.Tensor],
+    delta: float,
+    batch_size: int,
+    max_grad_norm: float,
+    noise: NoiseKind = "banded",
+    bands: int | None = None,
+    buffers: int = 3,
+    strategy: Strategy | None = None,
+    target_epsilon: float | None = None,
+    noise_multiplier: float | None = None,
+    epochs: float | None = None,
+    steps: int | None = None,
+    accountant: str = "pld",
+    seed: int | None = None,
+    max_physical_batch_size: int | None = None,
+    clipping: str = "flat",
+    grad_mode: str = "auto",
+    engine: ClippingEngine | None = None,
+    budget: BudgetHook | None = None,
+) -> PrivateTraining:
+    """Like :func:`~renyi.dpsgd.privacy.make_private`, with correlated noise.
+
+    ``noise``:
+
+    * ``"dpsgd"`` — independent noise, one partition, Poisson rate ``batch_size / n``:
+      exactly DP-SGD (same event, same draws).
+    * ``"banded"`` — banded Toeplitz ``C`` with ``bands`` bands (default 4), optimised for
+      the run's workload (prefix sums with the optimizer's momentum); ``bands`` partitions
+      with rate ``bands · batch_size / n`` inside each: the amplified analysis.
+    * ``"blt"`` / ``"tree"`` — BLT with ``buffers`` buffers (optimised for the run) or the
+      online tree; one pass over the data per epoch in ``n / batch_size`` fixed random
+      partitions (every record once per epoch, b-min-sep with b = steps per epoch): one
+      Gaussian with the strategy's multi-participation sensitivity.
+
+    ``strategy`` overrides the choice of ``C`` (its bands decide the analysis). The
+    returned :class:`~renyi.dpsgd.privacy.PrivateTraining` has ``extra["plan"]`` and
+    ``extra["strategy"]``; its ``sample_rate`` is the fraction of the data per step.
+    """
+    delta = check_delta(delta)
+    max_grad_norm = check_positive("max_grad_norm", max_grad_norm)
+    n = check_int("len(data)", len(data), 1)  # type: ignore[arg-type]
+    batch_size = check_int("batch_size", batch_size, 1)
+    if batch_size > n:
+        raise fail("batch_size", batch_size, f"an integer in [1, len(data)={n}]")
+    if noise not in NOISE_KINDS:
+        raise fail("noise", noise, f"one of {NOISE_KINDS}")
+    if (epochs is None) == (steps is None):
+        raise fail("epochs/steps", (epochs, steps), "exactly one of epochs or steps")
+    if (target_epsilon is None) == (noise_multiplier is None):
+        raise fail(
+            "target_epsilon/noise_multiplier",
+            (target_epsilon, noise_multiplier),
+            "exactly one of target_epsilon or noise_multiplier",
+        )
+    if bands is not None:
+        bands = check_int("bands", bands, 1)
+    buffers = check_int("buffers", buffers, 1)
+    if epochs is not None:
+        steps, _ = epochs_to_steps(epochs, n, batch_size)
+        steps_note = f"epochs={epochs:g} × n={n} / batch_size={batch_size} → {steps} steps"
+    else:
+        steps = check_int("steps", steps, 1)
+        steps_note = f"steps={steps} given"
+    if noise == "dpsgd" and strategy is None:
+        partitions = 1
+    elif noise == "banded" and strategy is None:
+        partitions = bands or 4
+    elif strategy is not None and strategy.bands is not None:
+        partitions = strategy.bands
+    else:
+        partitions = max(1, n // batch_size)
+    partitions = min(partitions, steps)
+    rate = batch_size * partitions / n
+    if rate > 1.0:
+        raise fail(
+            "bands",
+            partitions,
+            f"at most len(data) / batch_size = {n // batch_size} (partitions of {batch_size}+)",
+        )
+    if strategy is None:
+        momentum = float(optimizer.param_groups[0].get("momentum", 0.0) or 0.0)
+        strategy = _strategy(
+            noise,
+            steps,
+            bands=bands,
+            buffers=buffers,
+            partitions=partitions,
+            rounds=-(-steps // partitions),
+            momentum=momentum,
+        )
+    if not strategy.streamable:
+        raise fail("strategy", strategy.name, "a streamable strategy (dpsgd, tree, banded, blt)")
+    source = make_random_source(seed)
+    sampler = CyclicPoissonSampler(n, partitions, rate, steps, random_source=source)
+    calibration: CalibrationResult | None = None
+    if target_epsilon is not None:
+        target_epsilon = check_positive("target_epsilon", target_epsilon)
+        plan, calibration = calibrate_correlated(
+            target_epsilon,
+            delta,
+            strategy,
+            steps,
+            partitions=partitions,
+            sample_rate=rate,
+            accountant=accountant,
+        )
+    else:
+        plan = correlated_plan(
+            strategy,
+            steps,
+            check_positive("noise_multiplier", noise_multiplier),
+            partitions=partitions,
+            sample_rate=rate,
+        )
+    dp_optimizer = CorrelatedOptimizer(
+        optimizer,
+        model=model,
+        loss_fn=loss_fn,
+        max_grad_norm=max_grad_norm,
+        sampler=sampler,
+        strategy=strategy,
+        plan=plan,
+        accountant=accountant,
+        random_source=source,
+        max_physical_batch_size=max_physical_batch_size,
+        clipping=clipping,
+        grad_mode=grad_mode,
+        engine=engine,
+        budget=budget,
+    )
+    return PrivateTraining(
+        model=model,
+        optimizer=dp_optimizer,
+        data_loader=private_data_loader(data, sampler),  # type: ignore[arg-type]
+        sampler=sampler,  # type: ignore[arg-type]
+        noise_multiplier=plan.noise_multiplier,
+        max_grad_norm=max_grad_norm,
+        sample_rate=batch_size / n,
+        steps=steps,
+        target_epsilon=target_epsilon,
+        delta=delta,
+        neighbouring=sampler.neighbouring.value,
+        steps_note=steps_note + f"; {plan.analysis} plan, {plan.charges} charge(s)",
+        calibration=calibration,
+        extra={"plan": plan, "strategy": strategy, "noise": noise},
+    )
