@@ -48,14 +48,13 @@ from renyi.correlated.optimize import optimize_banded, optimize_blt
 from renyi.correlated.strategies import Strategy, TreeStrategy, identity
 from renyi.correlated.streaming import streaming_noise
 from renyi.correlated.workload import prefix_coefs
-from renyi.dpsgd.optimizer import BudgetHook, ClippingEngine, DPOptimizer
+from renyi.dpsgd.optimizer import BudgetHook, ClippingEngine, DPOptimizer, PlanExceededError
 from renyi.dpsgd.privacy import PrivateTraining, private_data_loader
 from renyi.dpsgd.sampler import (
     TorchRandomSource,
     _PrivacySamplerBase,
     make_random_source,
 )
-from renyi.errors import RenyiError
 from renyi.events import Event, GaussianEvent, Neighbouring, PoissonSampledEvent
 
 __all__ = [
@@ -141,6 +140,19 @@ class CyclicPoissonSampler(_PrivacySamplerBase):
             self.assignment = assignment.clone().long()
 
 
+class _RoundBudget:
+    """The user's budget hook, asked only at the steps where the plan charges."""
+
+    def __init__(self, budget: BudgetHook, optimizer: CorrelatedOptimizer) -> None:
+        self.budget = budget
+        self.optimizer = optimizer
+
+    def spend(self, event: Event) -> Any:
+        if self.optimizer.plan.charge_at(self.optimizer.steps_taken):
+            return self.budget.spend(event)
+        return None
+
+
 class CorrelatedOptimizer(DPOptimizer):
     """:class:`~renyi.dpsgd.optimizer.DPOptimizer` adding correlated noise ``C⁻¹ z``.
 
@@ -206,6 +218,8 @@ class CorrelatedOptimizer(DPOptimizer):
         self.plan = plan
         self.event = plan.step_event
         self._sensitivity = plan.sensitivity.value
+        if budget is not None:  # DPOptimizer.step asks it every step: only rounds cost
+            self.budget = _RoundBudget(budget, self)
 
     def draw_noise(self) -> torch.Tensor:
         """Row t of ``C⁻¹ Z`` times the sensitivity (one fresh N(0, I) draw per step)."""
@@ -220,22 +234,14 @@ class CorrelatedOptimizer(DPOptimizer):
             self._pending_steps += 1
         self.steps_taken += 1
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Privatise, charge at round starts (asking the budget first), and step."""
-        if closure is not None:
-            raise fail("closure", closure, "None (closures re-evaluate the loss non-privately)")
+    def _check_plan(self) -> None:
+        """Refuse a step past the plan: its noise would be charged to nobody (no opt-out)."""
         if self.steps_taken >= self.plan.steps:
-            raise RenyiError(
-                f"the privacy plan covers {self.plan.steps} steps; step {self.steps_taken + 1} "
-                "would release noise nobody accounted for"
+            raise PlanExceededError(
+                f"step {self.steps_taken + 1} refused: the correlated-noise plan covers "
+                f"{self.plan.steps} steps (its rounds, sensitivity and σ are fixed for that "
+                "many); nothing was released"
             )
-        if self.budget is not None and self.plan.charge_at(self.steps_taken):
-            self.budget.spend(self.event)
-        self.pre_step()
-        result = self.original_optimizer.step()
-        self._summed = None
-        self._examples_seen = 0
-        return result
 
     def state_dict(self) -> dict[str, Any]:
         """DPOptimizer's state + the plan + the noise filter's state (secret: past noise)."""
@@ -421,7 +427,11 @@ def make_private_correlated(
     return PrivateTraining(
         model=model,
         optimizer=dp_optimizer,
-        data_loader=private_data_loader(data, sampler),  # type: ignore[arg-type]
+        data_loader=private_data_loader(
+            data,
+            sampler,  # type: ignore[arg-type]
+            steps_per_epoch=max(1, -(-n // batch_size)),
+        ),
         sampler=sampler,  # type: ignore[arg-type]
         noise_multiplier=plan.noise_multiplier,
         max_grad_norm=max_grad_norm,
