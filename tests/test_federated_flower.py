@@ -270,6 +270,78 @@ def test_failed_and_malformed_replies_count_as_zero_updates(fl: Any, identity: N
     np.testing.assert_array_equal(outcome(mixed), outcome(only_first))
 
 
+def test_huge_updates_are_clipped_and_overflowing_ones_refused(fl: Any, identity: None) -> None:
+    """An update of 1e200 used to get norm inf and be zeroed; now it is clipped to C. An
+    update that overflows float64 (model minus global is inf) is refused, i.e. counts as
+    sending nothing (a zero row under fixed-size sampling), with a logged reason."""
+    from renyi.federated.fedavg import DpFedAvg, clip_updates
+
+    direction = np.array([0.6, 0.8])
+
+    def outcome(client: Callable[[int, list[np.ndarray]], Any], init: float = 0.0) -> Any:
+        server = DpFedAvg(
+            population=2,
+            clients_per_round=2,
+            noise_multiplier=1.0,
+            clip_norm=1.0,
+            sampling="fixed",
+            accountant="zcdp",
+            rng=np.random.default_rng(4),
+        )
+        _, result, _ = run_local(fl, server, client, nodes=2, rounds=1, initial=[np.full(2, init)])
+        return np.asarray(result.arrays.to_numpy_ndarrays()[0])
+
+    huge = outcome(lambda node, arrs: [arrs[0] + 1e200 * direction])
+    modest = outcome(lambda node, arrs: [arrs[0] + 100.0 * direction])
+    np.testing.assert_allclose(huge, modest, rtol=0, atol=1e-12)
+    clipped, within = clip_updates(np.array([1e200 * direction]), 1.0)
+    np.testing.assert_allclose(clipped[0], direction, rtol=1e-15)
+    assert not within[0]
+    over = outcome(lambda node, arrs: [np.full(2, 1e308)], init=-1e308)
+    nothing = outcome(lambda node, arrs: [arrs[0]], init=-1e308)
+    np.testing.assert_array_equal(over, nothing)
+
+
+class ShrinkingGrid(LocalGrid):
+    """Loses nodes after the first round (a supernode that died)."""
+
+    def __init__(self, *args: Any, keep: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.keep = keep
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.nodes if not self.sent else self.nodes[: self.keep])
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_lost_nodes_proceed_and_are_accounted(fl: Any, identity: None, sampling: str) -> None:
+    from flwr.app import ArrayRecord
+
+    from renyi.accountants import RdpAccountant
+    from renyi.federated.fedavg import DpFedAvg, fedavg_event
+
+    server = DpFedAvg(
+        population=6,
+        clients_per_round=2,
+        noise_multiplier=1.5,
+        sampling=sampling,  # type: ignore[arg-type]
+        accountant="rdp",
+    )
+    strategy = fl.DpFedAvgStrategy(server, delta=DELTA, node_wait_timeout=0.2)
+    grid = ShrinkingGrid(list(range(100, 106)), lambda node, arrs: arrs, keep=4)
+    result = strategy.start(grid=grid, initial_arrays=ArrayRecord([np.zeros(2)]), num_rounds=3)
+    assert strategy.rounds_committed == 3
+    full = fedavg_event(1.5, population=6, clients_per_round=2, sampling=sampling)
+    # Poisson: each connected node still joins with probability q = 2/6, same event;
+    # fixed size: 2 of the 4 connected nodes, the event of population 4
+    lost = full
+    if sampling == "fixed":
+        lost = fedavg_event(1.5, population=4, clients_per_round=2, sampling=sampling)
+    want = RdpAccountant().compose(full).compose(lost, count=2).epsilon(DELTA).epsilon
+    assert result.train_metrics_clientapp[3]["epsilon"] == pytest.approx(want, rel=1e-9)
+    assert all(n < 104 for sent in grid.train_sent[1:] for n in sent)
+
+
 def test_each_sampled_client_counts_once(fl: Any, identity: None) -> None:
     """A reply delivered twice is aggregated once (seeded noise: identical releases)."""
     from renyi.federated.fedavg import DpFedAvg

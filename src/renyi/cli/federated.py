@@ -3,7 +3,8 @@
 * ``aggregate``: central vs local DP vs GOPA errors for averaging K values in [0, 1];
 * ``sigma``: noise of random-walk DP-SGD under local, network and central DP;
 * ``walk``: the network-DP experiment (accuracy vs ε on a real task);
-* ``fedavg``: client-level ε of DP-FedAvg.
+* ``fedavg``: client-level ε of DP-FedAvg;
+* ``gopa-run``: GOPA on a real local Flower deployment (superlink + one supernode per party).
 """
 
 from __future__ import annotations
@@ -71,6 +72,22 @@ def register(sub: Any) -> None:
     )
     f.add_argument("--json", action="store_true", help="print one JSON object")
     f.set_defaults(func=_fedavg)
+
+    g = fsub.add_parser(
+        "gopa-run", help="run GOPA on a local Flower deployment (loopback) on synthetic values"
+    )
+    g.add_argument("--parties", type=int, required=True, help="number of parties K (>= 2)")
+    g.add_argument("--honest", type=float, default=0.5, help="fraction rho of honest parties")
+    g.add_argument("--epsilon", type=float, default=1.0)
+    g.add_argument("--delta", type=float, default=1e-5)
+    g.add_argument("--peers", type=int, help="peers per party (default ceil(ln(rho K)/rho))")
+    g.add_argument(
+        "--reveal-budget", type=int, default=0, help="neighbours a party may reveal (0: abort)"
+    )
+    g.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
+    g.add_argument("--seed", type=int, help="seed of the synthetic values (insecure)")
+    g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.set_defaults(func=_gopa_run)
 
 
 def _rng(seed: int | None) -> Any:
@@ -337,3 +354,79 @@ def _fedavg(args: argparse.Namespace) -> int:
         z_value = out["value_noise_multiplier"]
         print(f"adaptive clipping: value noise multiplier z_Delta = {z_value:.6g}")
     return 0
+
+
+def _gopa_run(args: argparse.Namespace) -> int:
+    import os
+
+    os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    from renyi._validation import check_int
+    from renyi.closed_forms import gaussian_epsilon
+    from renyi.federated.gopa import calibrate_gopa, recommended_peers
+
+    try:
+        from renyi.federated.gopa_flower import run_local_deployment, session_graph
+    except ImportError as exc:
+        print(f"error: {exc}")
+        return 2
+    from renyi.random import get_source
+
+    k = check_int("parties", args.parties, 2)
+    m = recommended_peers(k, args.honest) if args.peers is None else args.peers
+    sid = os.urandom(16)
+    edges = session_graph(sid, k, m)
+    cal = calibrate_gopa(
+        k, args.honest, args.epsilon, args.delta, peers=m, edges=edges, calibration="analytic"
+    )
+    values = get_source(_rng(args.seed)).uniform(k)
+    res = run_local_deployment(
+        values.tolist(),
+        sigma_eta=cal.sigma_eta,
+        sigma_delta=cal.sigma_delta,
+        peers=m,
+        session=sid,
+        reveal_budget=args.reveal_budget,
+        timeout=args.timeout,
+    )
+    survivors = [int(n.split("-")[1]) for n in res.included]
+    out: dict[str, Any] = {
+        "status": res.status,
+        "estimate": res.estimate,
+        "true_mean": float(values[survivors].mean()) if survivors else None,
+        "central_std": cal.central_std,
+        "output_std": cal.output_std,
+        "epsilon": args.epsilon,
+        "delta": args.delta,
+        "epsilon_lying_server": (
+            args.epsilon
+            if args.reveal_budget == 0
+            else float(gaussian_epsilon(1.0 / cal.sigma_eta, args.delta))
+        ),
+        "parties": k,
+        "included": len(res.included),
+        "dropped": list(res.dropped),
+        "honest_fraction": args.honest,
+        "peers": m,
+        "sigma_eta": cal.sigma_eta,
+        "sigma_delta": cal.sigma_delta,
+        "reveal_budget": args.reveal_budget,
+        "wall_seconds": res.wall_seconds,
+        "bytes_per_party": res.bytes_per_party,
+    }
+    if res.status != "released":
+        out["reason"] = res.reason
+    if args.json:
+        print_json(out)
+    elif res.status == "released":
+        print(
+            f"GOPA on {k} Flower supernodes (rho={args.honest:g}, {m} peers): estimate "
+            f"{res.estimate:.6f}, true mean {out['true_mean']:.6f}, std "
+            f"{cal.output_std:.4g} (central {cal.central_std:.4g}); (eps, delta) = "
+            f"({args.epsilon:g}, {args.delta:g}) with an honest server, eps = "
+            f"{out['epsilon_lying_server']:.4g} if it lies about dropouts; "
+            f"{res.wall_seconds:.1f} s, {res.bytes_per_party:.0f} bytes per party"
+        )
+    else:
+        print(f"GOPA aborted, nothing released: {res.reason}")
+    return 0 if res.status == "released" else 1

@@ -102,6 +102,24 @@ def _frame(*parts: bytes) -> bytes:
     return b"".join(struct.pack(">I", len(p)) + p for p in parts)
 
 
+def _unframe(raw: bytes, count: int, what: str) -> list[bytes]:
+    """Inverse of :func:`_frame` for exactly ``count`` parts."""
+    parts: list[bytes] = []
+    pos = 0
+    try:
+        while pos < len(raw) and len(parts) < count:
+            (n,) = struct.unpack(">I", raw[pos : pos + 4])
+            parts.append(raw[pos + 4 : pos + 4 + n])
+            if len(parts[-1]) != n:
+                raise ValueError
+            pos += 4 + n
+        if len(parts) != count or pos != len(raw):
+            raise ValueError
+    except (ValueError, struct.error):
+        raise ChannelIntegrityError(f"malformed {what}") from None
+    return parts
+
+
 def _check_name(name: object) -> str:
     if not isinstance(name, str) or not name or len(name) > 256:
         raise fail("name", name, "a non-empty party name of at most 256 characters")
@@ -274,19 +292,12 @@ class KeyAdvertisement:
     @classmethod
     def from_bytes(cls, raw: bytes) -> KeyAdvertisement:
         """Parse :meth:`to_bytes`; malformed input raises :class:`ChannelIntegrityError`."""
-        parts: list[bytes] = []
-        pos = 0
+        if not isinstance(raw, bytes):
+            raise ChannelIntegrityError("malformed key advertisement")
+        parts = _unframe(raw, 4, "key advertisement")
         try:
-            while pos < len(raw) and len(parts) < 4:
-                (n,) = struct.unpack(">I", raw[pos : pos + 4])
-                parts.append(raw[pos + 4 : pos + 4 + n])
-                if len(parts[-1]) != n:
-                    raise ValueError
-                pos += 4 + n
-            if len(parts) != 4 or pos != len(raw):
-                raise ValueError
             return cls(parts[0].decode(), parts[1], parts[2], parts[3])
-        except (ValueError, struct.error, UnicodeDecodeError):
+        except UnicodeDecodeError:
             raise ChannelIntegrityError("malformed key advertisement") from None
 
     def verify(self, roster: Roster, session: bytes) -> None:
@@ -329,7 +340,14 @@ class EphemeralSession:
     True
     """
 
-    def __init__(self, identity: IdentityKey, roster: Roster, session: bytes) -> None:
+    def __init__(
+        self,
+        identity: IdentityKey,
+        roster: Roster,
+        session: bytes,
+        *,
+        _state: tuple[bytes, Iterable[str]] | None = None,
+    ) -> None:
         if not isinstance(identity, IdentityKey):
             raise fail("identity", type(identity).__name__, "an IdentityKey")
         if not isinstance(roster, Roster):
@@ -341,8 +359,34 @@ class EphemeralSession:
             )
         self.identity = identity
         self.roster = roster
-        self._ephemeral = X25519PrivateKey.generate()
-        self._opened: set[str] = set()
+        if _state is None:
+            self._ephemeral = X25519PrivateKey.generate()
+            self._opened: set[str] = set()
+        else:
+            self._ephemeral = X25519PrivateKey.from_private_bytes(_state[0])
+            self._opened = set(_state[1])
+
+    def export_state(self) -> tuple[bytes, list[str]]:
+        """Ephemeral private key and opened peers, for a party whose process restarts
+        between protocol rounds (e.g. a Flower ClientApp). Secret: keep it in the party's
+        own storage only, and drop it once pairing is done."""
+        raw = self._ephemeral.private_bytes(
+            serialization.Encoding.Raw,
+            serialization.PrivateFormat.Raw,
+            serialization.NoEncryption(),
+        )
+        return raw, sorted(self._opened)
+
+    @classmethod
+    def restore(
+        cls,
+        identity: IdentityKey,
+        roster: Roster,
+        session: bytes,
+        state: tuple[bytes, Iterable[str]],
+    ) -> EphemeralSession:
+        """The session saved by :meth:`export_state` (same key, same opened peers)."""
+        return cls(identity, roster, session, _state=state)
 
     @property
     def name(self) -> str:
@@ -442,6 +486,7 @@ class SecureChannel:
         self._send = ChaCha20Poly1305(send_key)
         self._receive = ChaCha20Poly1305(receive_key)
         self._send_key = send_key
+        self._receive_key = receive_key
         self._noise_key = noise_key
         self._confirm_key = confirm_key
         self._sent = 0
@@ -502,6 +547,36 @@ class SecureChannel:
             ) from None
         self._received += 1
         return out
+
+    def export_state(self) -> bytes:
+        """Keys and counters (secret), so that a restarted party continues the channel
+        where it stopped: counters carry on, nonces never repeat."""
+        return _frame(
+            self.me.encode(),
+            self.peer.encode(),
+            self.transcript,
+            self._send_key,
+            self._receive_key,
+            self._noise_key,
+            self._confirm_key,
+            struct.pack(">QQ", self._sent, self._received),
+        )
+
+    @classmethod
+    def restore(cls, raw: bytes) -> SecureChannel:
+        """The channel saved by :meth:`export_state`."""
+        parts = _unframe(raw, 8, "channel state")
+        ch = cls(
+            me=parts[0].decode(),
+            peer=parts[1].decode(),
+            transcript=parts[2],
+            send_key=parts[3],
+            receive_key=parts[4],
+            noise_key=parts[5],
+            confirm_key=parts[6],
+        )
+        ch._sent, ch._received = struct.unpack(">QQ", parts[7])
+        return ch
 
     def __repr__(self) -> str:
         return f"SecureChannel({self.me!r} -> {self.peer!r}, <keys hidden>)"

@@ -82,6 +82,21 @@ def effective_noise_multiplier(noise_multiplier: float, count_stddev: float) -> 
     return float((z**-2 - (2.0 * sb) ** -2) ** -0.5)
 
 
+def row_norms(u: NDArray[np.float64]) -> NDArray[np.float64]:
+    """L2 norm of each row without overflow: ``max|u| * ||u / max|u|||``.
+
+    ``numpy.linalg.norm`` squares the entries, so a finite row with entries near ``1e200``
+    gets norm ``inf`` (and clipping would then scale it to zero); scaling first keeps the
+    norm finite whenever it is representable.
+
+    >>> float(row_norms(np.full((1, 4), 1e200))[0])
+    2e+200
+    """
+    scale = np.max(np.abs(u), axis=1) if u.shape[1] else np.zeros(u.shape[0])
+    safe = np.where(scale > 0, scale, 1.0)
+    return scale * np.linalg.norm(u / safe[:, None], axis=1)
+
+
 def clip_updates(
     updates: ArrayLike, clip_norm: float
 ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
@@ -90,7 +105,7 @@ def clip_updates(
     if u.ndim != 2 or not np.isfinite(u).all():
         raise fail("updates", u.shape, "a finite array of shape (clients, dimension)")
     c = check_positive("clip_norm", clip_norm)
-    norms = np.linalg.norm(u, axis=1)
+    norms = row_norms(u)
     within = norms <= c
     scale = np.where(within, 1.0, c / np.maximum(norms, np.finfo(float).tiny))
     return u * scale[:, None], within

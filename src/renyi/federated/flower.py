@@ -64,6 +64,7 @@ Example (a real multi-process run: see ``docs/flower.md``)::
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -72,6 +73,10 @@ from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
+
+# Nothing leaves the machine: Flower telemetry and Ray usage statistics off before import.
+os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
 try:
     from flwr.app import (
@@ -97,7 +102,8 @@ from renyi.accountants import Accountant, EpsilonResult, make_accountant
 from renyi.budget import Budget
 from renyi.errors import BudgetExceededError, UnsupportedEventError
 from renyi.events import Event
-from renyi.federated.fedavg import DpFedAvg, fedavg_event
+from renyi.federated.fedavg import DpFedAvg, fedavg_event, row_norms
+from renyi.random import get_source
 
 __all__ = ["DpFedAvgStrategy", "RoundMetrics"]
 
@@ -170,8 +176,7 @@ class _Layout:
             if a.shape != shape or not np.issubdtype(a.dtype, np.number):
                 return None
             parts.append(a.ravel().astype(np.float64))
-        flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float64)
-        return flat if np.isfinite(flat).all() else None
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float64)
 
     def unflatten(self, flat: NDArray[np.float64]) -> ArrayRecord:
         out: dict[str, Array] = {}
@@ -295,20 +300,21 @@ class DpFedAvgStrategy(Strategy):  # type: ignore[misc]
             return EpsilonResult(0.0, d, self.accountant.name)
         return self.accountant.epsilon(d)
 
-    def _commit_round(self, server_round: int) -> bool:
+    def _commit_round(self, server_round: int, event: Event | None = None) -> bool:
         """Spend the round's event from the budget and compose it; False if refused."""
         if self.exhausted:
             return False
+        event = self.event if event is None else event
         if self.budget is not None:
             try:
-                self.budget.spend(self.event, label=f"flower DP-FedAvg round {server_round}")
+                self.budget.spend(event, label=f"flower DP-FedAvg round {server_round}")
             except BudgetExceededError:
                 if self.on_budget_exhausted == "raise":
                     raise
                 self.exhausted = True
                 log(WARNING, "DP-FedAvg round %s refused: privacy budget exhausted", server_round)
                 return False
-        self.accountant = self.accountant.compose(self.event)
+        self.accountant = self.accountant.compose(event)
         self.rounds_committed += 1
         return True
 
@@ -320,12 +326,22 @@ class DpFedAvgStrategy(Strategy):  # type: ignore[misc]
             if len(nodes) >= self.min_available_nodes:
                 break
             if time.monotonic() > deadline:
-                raise fail(
-                    "connected nodes",
+                if not nodes:
+                    raise fail(
+                        "connected nodes",
+                        0,
+                        f">= 1 within node_wait_timeout={self.node_wait_timeout:g} s",
+                    )
+                # lost nodes: go on with those available; the round is accounted for them
+                log(
+                    WARNING,
+                    "DP-FedAvg: %d of min_available_nodes=%d nodes connected after %g s;"
+                    " proceeding with those (accounted for what is actually sampled)",
                     len(nodes),
-                    f">= min_available_nodes={self.min_available_nodes} "
-                    f"within node_wait_timeout={self.node_wait_timeout:g} s",
+                    self.min_available_nodes,
+                    self.node_wait_timeout,
                 )
+                break
             time.sleep(0.5)
         if len(nodes) > self.server.population:
             raise fail(
@@ -335,8 +351,30 @@ class DpFedAvgStrategy(Strategy):  # type: ignore[misc]
             )
         return nodes
 
+    def _event_for(self, available: int) -> Event:
+        """The round's event given how many nodes are connected.
+
+        Poisson: each connected node joins with probability ``q`` whatever their number, so
+        the event is unchanged. Fixed size with ``n < population`` connected nodes: the
+        round samples ``min(m, n)`` of those ``n``, i.e. the event of population ``n``.
+        """
+        s = self.server
+        if s.sampling == "poisson" or available >= s.population:
+            return self.event
+        return fedavg_event(
+            s.noise_multiplier,
+            population=available,
+            clients_per_round=min(int(s.clients_per_round), available),
+            sampling="fixed",
+        )
+
     def _sample(self, nodes: list[int]) -> list[int]:
         """This round's node ids (secure sampling of :meth:`DpFedAvg.sample_clients`)."""
+        s = self.server
+        if s.sampling == "fixed" and len(nodes) < s.population:
+            keys = get_source(s.rng).words(len(nodes)).astype(np.float64)
+            pick = np.argsort(keys, kind="stable")[: min(int(s.clients_per_round), len(nodes))]
+            return [nodes[i] for i in sorted(pick.tolist())]
         idx = self.server.sample_clients()
         # Poisson: indices past the connected nodes are absent clients (each connected node
         # still joins with probability q); fixed: len(nodes) == population.
@@ -349,7 +387,7 @@ class DpFedAvgStrategy(Strategy):  # type: ignore[misc]
         """Commit the round (budget, accountant), sample clients, send them the model."""
         layout = _Layout.of(arrays)
         nodes = self._wait_for_nodes(grid)
-        if not self._commit_round(server_round):
+        if not self._commit_round(server_round, self._event_for(len(nodes))):
             return []
         sampled = self._sample(nodes)
         self._pending[server_round] = (layout, frozenset(sampled))
@@ -361,18 +399,27 @@ class DpFedAvgStrategy(Strategy):  # type: ignore[misc]
             for node in sampled
         ]
 
-    def _update_of(self, reply: Message, layout: _Layout) -> NDArray[np.float64] | None:
+    def _update_of(self, reply: Message, layout: _Layout) -> NDArray[np.float64] | str:
+        """The reply's update, or why it is refused (the caller logs it)."""
         if reply.has_error():
-            return None
+            return f"error reply ({reply.error.reason})"
         content = reply.content
         if self.arrayrecord_key in content.array_records:
             record = content.array_records[self.arrayrecord_key]
         elif len(content.array_records) == 1:
             record = next(iter(content.array_records.values()))
         else:
-            return None
+            return f"no array record {self.arrayrecord_key!r}"
         flat = layout.flatten(record)
-        return None if flat is None else flat - layout.flat
+        if flat is None:
+            return "arrays do not match the model's keys, shapes or numeric dtypes"
+        if not np.isfinite(flat).all():
+            return "non-finite values (NaN or inf) in the returned model"
+        with np.errstate(over="ignore"):
+            update = flat - layout.flat
+        if not np.isfinite(update).all() or not np.isfinite(row_norms(update[None, :])).all():
+            return "update overflows float64 (model minus global model is not finite)"
+        return update
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -391,7 +438,16 @@ class DpFedAvgStrategy(Strategy):  # type: ignore[misc]
                 continue
             seen.add(node)
             update = self._update_of(reply, layout)
-            if update is not None:
+            if isinstance(update, str):
+                log(
+                    WARNING,
+                    "DP-FedAvg round %s: update of node %s refused (%s); counted as sending"
+                    " nothing",
+                    server_round,
+                    node,
+                    update,
+                )
+            else:
                 rows.append(update)
         m = int(self.server.clients_per_round)
         if self.server.sampling == "fixed":

@@ -51,6 +51,7 @@ commitments and zero-knowledge range proofs (Sabater et al. 2022, Sec. 6), see
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 from collections.abc import Collection, Mapping
@@ -297,6 +298,60 @@ class GopaParty:
 
     def __repr__(self) -> str:
         return f"GopaParty({self.name!r}, <value hidden>)"
+
+    def export_state(self) -> str:
+        """The party's protocol state between rounds, as JSON (secret: keys, seeds, terms).
+
+        For a party whose process restarts between rounds (a Flower ClientApp); keep it in
+        the party's own storage. The ephemeral private key is in it only between join and
+        pairing; the value is not in it.
+        """
+        eph = None
+        if self._eph is not None:
+            raw, opened = self._eph.export_state()
+            eph = [raw.hex(), opened]
+        return json.dumps(
+            {
+                "eph": eph,
+                "channels": {n: c.export_state().hex() for n, c in self._channels.items()},
+                "seeds": {str(e): v.hex() for e, v in self._seeds.items()},
+                "terms": {str(e): t.tobytes().hex() for e, t in self._terms.items()},
+                "removed": sorted(self._removed),
+                "paired": self._paired,
+                "masked": self._masked,
+            }
+        )
+
+    def restore_state(self, session: GopaSession, state: str) -> None:
+        """Continue ``session`` from :meth:`export_state` (this object must be fresh)."""
+        if self._session is not None:
+            raise ProtocolAbortedError(f"{self.name!r} already holds a session")
+        session.index(self.name)
+        try:
+            st = json.loads(state)
+            self._session = session
+            if st["eph"] is not None:
+                self._eph = EphemeralSession.restore(
+                    self.identity,
+                    self.roster,
+                    session.session,
+                    (bytes.fromhex(st["eph"][0]), st["eph"][1]),
+                )
+            self._channels = {
+                n: SecureChannel.restore(bytes.fromhex(c)) for n, c in st["channels"].items()
+            }
+            self._seeds = {int(e): bytes.fromhex(v) for e, v in st["seeds"].items()}
+            self._terms = {
+                int(e): np.frombuffer(bytes.fromhex(t), dtype=np.uint64).copy()
+                for e, t in st["terms"].items()
+            }
+            self._removed = {int(r) for r in st["removed"]}
+            self._paired = bool(st["paired"])
+            self._masked = bool(st["masked"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProtocolAbortedError(
+                f"stored state of {self.name!r} is unreadable: {exc}"
+            ) from None
 
     # -- phase 1
     def join(self, session: GopaSession) -> KeyAdvertisement:
