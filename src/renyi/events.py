@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     PldPair = tuple[PrivacyLossDistribution, PrivacyLossDistribution]
 
 __all__ = [
+    "SAMPLINGS",
     "ApproxDpEvent",
     "ComposedEvent",
     "CustomEvent",
@@ -68,16 +69,21 @@ __all__ = [
     "PoissonSampledEvent",
     "PoissonSampledGroupEvent",
     "PureDpEvent",
+    "RandomAllocationEvent",
     "RandomizedResponseEvent",
     "RdpEvent",
     "RepeatAndSelectEvent",
     "SampledWithoutReplacementEvent",
     "Sampling",
     "SelfComposedEvent",
+    "ShuffledEvent",
+    "TruncatedPoissonSampledEvent",
     "ZcdpEvent",
+    "default_max_batch_size",
     "dpsgd_event",
     "from_dict",
     "from_json",
+    "training_event",
 ]
 
 
@@ -788,6 +794,182 @@ class SampledWithoutReplacementEvent(Event):
         return wor
 
 
+def _gaussian_inner(event: Event, what: str) -> GaussianEvent:
+    if not isinstance(event, GaussianEvent):
+        raise UnsupportedEventError(
+            f"{what} is analysed for the Gaussian mechanism only; got {type(event).__name__}"
+        )
+    return event
+
+
+@dataclass(frozen=True)
+class TruncatedPoissonSampledEvent(Event):
+    """``event`` on a Poisson sample cut to at most ``max_batch_size`` records.
+
+    Each of ``dataset_size`` records joins w.p. ``sampling_rate``; a larger sample is cut to a
+    uniformly random subset of ``max_batch_size`` (jax_privacy's truncated Poisson sampling,
+    dp_accounting's ``TruncatedSubsampledGaussianDpEvent``). Add/remove neighbours; the inner
+    event is the Gaussian with the per-record noise multiplier (analysis:
+    :func:`renyi.subsampling.truncated_poisson_gaussian_rdp`).
+    """
+
+    dataset_size: int
+    sampling_rate: float
+    max_batch_size: int
+    event: Event
+    kind: ClassVar[str] = "truncated_poisson_sampled"
+
+    def __post_init__(self) -> None:
+        n = check_int("dataset_size", self.dataset_size, 1)
+        check_int("max_batch_size", self.max_batch_size, 1)
+        object.__setattr__(
+            self, "sampling_rate", check_probability("sampling_rate", self.sampling_rate)
+        )
+        if self.max_batch_size > n:
+            raise fail("max_batch_size", self.max_batch_size, f"an integer in [1, {n}]")
+        if not isinstance(self.event, Event):
+            raise fail("event", self.event, "an Event")
+        if self.event.neighbouring is not Neighbouring.ADD_REMOVE:
+            raise fail("event.neighbouring", self.event.neighbouring.value, "'add_remove'")
+
+    @property
+    def neighbouring(self) -> Neighbouring:
+        return Neighbouring.ADD_REMOVE
+
+    def children(self) -> tuple[Event, ...]:
+        return (self.event,)
+
+    def rdp_epsilons(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        inner = _gaussian_inner(self.event, "truncated Poisson sampling")
+        return subsampling.truncated_poisson_gaussian_rdp(
+            self.dataset_size,
+            self.sampling_rate,
+            self.max_batch_size,
+            inner.noise_multiplier,
+            orders,
+        )
+
+    def zcdp_rho(self) -> float:
+        # No amplification in zCDP; a truncated batch can move the sum by 2C (ρ times 4).
+        if self.sampling_rate == 0.0:
+            return 0.0
+        rho = self.event.zcdp_rho()
+        p = subsampling.truncation_probability(
+            self.dataset_size, self.sampling_rate, self.max_batch_size
+        )
+        return 4.0 * rho if p > 0.0 else rho
+
+
+@dataclass(frozen=True)
+class RandomAllocationEvent(Event):
+    """One epoch of random allocation ("balls in bins"): each record is used in exactly
+    ``num_selected`` of ``num_steps`` steps, chosen uniformly and independently of the other
+    records; each step runs ``event`` (the Gaussian) on the records allocated to it.
+
+    Add/remove neighbours; compose epochs with :class:`SelfComposedEvent`. Analysis:
+    :mod:`renyi.allocation` (RDP: exact remove direction, proven bound of the add direction;
+    Feldman & Shenfeld 2025).
+    """
+
+    num_steps: int
+    event: Event
+    num_selected: int = 1
+    kind: ClassVar[str] = "random_allocation"
+
+    def __post_init__(self) -> None:
+        t = check_int("num_steps", self.num_steps, 1)
+        k = check_int("num_selected", self.num_selected, 1)
+        if k > t:
+            raise fail("num_selected", k, f"an integer in [1, num_steps={t}]")
+        if not isinstance(self.event, Event):
+            raise fail("event", self.event, "an Event")
+        if self.event.neighbouring is not Neighbouring.ADD_REMOVE:
+            raise fail("event.neighbouring", self.event.neighbouring.value, "'add_remove'")
+
+    @property
+    def neighbouring(self) -> Neighbouring:
+        return Neighbouring.ADD_REMOVE
+
+    def children(self) -> tuple[Event, ...]:
+        return (self.event,)
+
+    def rdp_epsilons(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        from renyi.allocation import allocation_gaussian_rdp
+
+        inner = _gaussian_inner(self.event, "random allocation")
+        return allocation_gaussian_rdp(
+            self.num_steps, inner.noise_multiplier, orders, self.num_selected
+        )
+
+    def zcdp_rho(self) -> float:
+        # No amplification in zCDP: the record is in num_selected steps of the epoch.
+        return self.num_selected * self.event.zcdp_rho()
+
+
+@dataclass(frozen=True)
+class ShuffledEvent(Event):
+    """One epoch of shuffling: a uniformly random permutation of the ``dataset_size``
+    records cut into consecutive batches of ``batch_size``; each batch runs ``event``.
+
+    Replace-one neighbours (the dataset size is fixed). What is proven: the replaced record
+    is in exactly one batch, so the epoch is at most one run of ``event`` (the position
+    revealed): that is the upper bound every accountant reports here, **without**
+    amplification. No tighter sound bound is known; Chua et al. (ICML 2024) show that
+    Poisson accounting can understate shuffling's ε (see :mod:`renyi.shuffling` for the
+    lower bound). The inner event must be under replace-one (for DP-SGD: the Gaussian with
+    noise multiplier σ/2, since replacing a record moves the sum by up to 2C).
+    """
+
+    dataset_size: int
+    batch_size: int
+    event: Event
+    kind: ClassVar[str] = "shuffled"
+
+    def __post_init__(self) -> None:
+        n = check_int("dataset_size", self.dataset_size, 1)
+        b = check_int("batch_size", self.batch_size, 1)
+        if b > n:
+            raise fail("batch_size", b, f"an integer in [1, dataset_size={n}]")
+        if not isinstance(self.event, Event):
+            raise fail("event", self.event, "an Event")
+        if self.event.neighbouring is not Neighbouring.REPLACE_ONE:
+            raise fail(
+                "event.neighbouring",
+                self.event.neighbouring.value,
+                "'replace_one' (shuffling keeps the dataset size: replace-one neighbours)",
+            )
+
+    @property
+    def neighbouring(self) -> Neighbouring:
+        return Neighbouring.REPLACE_ONE
+
+    @property
+    def num_steps(self) -> int:
+        """Batches per epoch, ``ceil(n / b)`` (a short last batch included)."""
+        return -(-self.dataset_size // self.batch_size)
+
+    def children(self) -> tuple[Event, ...]:
+        return (self.event,)
+
+    def rdp_epsilons(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
+        return self.event.rdp_epsilons(orders)
+
+    def zcdp_rho(self) -> float:
+        return self.event.zcdp_rho()
+
+    def pld_pair(
+        self, *, value_discretization_interval: float, tail_mass: float, max_bins: int
+    ) -> PldPair:
+        return self.event.pld_pair(
+            value_discretization_interval=value_discretization_interval,
+            tail_mass=tail_mass,
+            max_bins=max_bins,
+        )
+
+    def approx_dp_guarantees(self) -> Counter[Guarantee]:
+        return self.event.approx_dp_guarantees()
+
+
 @dataclass(frozen=True)
 class ComposedEvent(Event):
     """Adaptive sequential composition of ``events`` (all under one neighbouring relation)."""
@@ -1028,3 +1210,64 @@ def dpsgd_event(
             ),
         )
     raise fail("sampling", sampling, "'poisson' or 'without_replacement'")
+
+
+SAMPLINGS = ("poisson", "truncated-poisson", "fixed-size", "random-allocation", "shuffle")
+"""Batch samplers with an accounting event (``renyi epsilon --sampling``)."""
+
+
+def default_max_batch_size(batch_size: int) -> int:
+    """The truncation used when none is given: ``ceil(b + 4 sqrt(b))`` (4 standard
+    deviations of a Poisson batch above its mean)."""
+    return math.ceil(batch_size + 4.0 * math.sqrt(batch_size))
+
+
+def training_event(
+    sampling: str,
+    noise_multiplier: float,
+    *,
+    dataset_size: int,
+    batch_size: int,
+    steps: int,
+    max_batch_size: int | None = None,
+) -> Event:
+    """The event of ``steps`` DP-SGD steps under a batch sampler: the single source that
+    :mod:`renyi.dpsgd.sampler` objects and ``renyi epsilon --sampling`` use.
+
+    ``noise_multiplier`` is σ / C. Samplers and their analyses:
+
+    * ``poisson``: each record joins each batch w.p. ``b/n``; add/remove neighbours.
+    * ``truncated-poisson``: Poisson, cut to ``max_batch_size`` (default
+      :func:`default_max_batch_size`); add/remove.
+    * ``fixed-size``: a fresh uniform subset of exactly ``b`` per step; replace-one, Gaussian
+      with multiplier σ/2 (the sum moves by up to 2C).
+    * ``random-allocation``: per epoch every record is put in one of ``t = n // b`` batches
+      uniformly at random (balls in bins); add/remove; ``ceil(steps / t)`` epochs (a partial
+      epoch costs at most a full one).
+    * ``shuffle``: per epoch a random permutation cut into ``ceil(n / b)`` batches of ``b``;
+      replace-one; the proven bound has no amplification (:class:`ShuffledEvent`).
+    """
+    n = check_int("dataset_size", dataset_size, 1)
+    b = check_int("batch_size", batch_size, 1)
+    if b > n:
+        raise fail("batch_size", b, f"an integer in [1, dataset_size={n}]")
+    t_steps = check_int("steps", steps, 1)
+    sigma = check_positive("noise_multiplier", noise_multiplier)
+    if sampling == "poisson":
+        return SelfComposedEvent(PoissonSampledEvent(b / n, GaussianEvent(sigma)), t_steps)
+    if sampling == "truncated-poisson":
+        cap = default_max_batch_size(b) if max_batch_size is None else max_batch_size
+        cap = min(check_int("max_batch_size", cap, 1), n)
+        step = TruncatedPoissonSampledEvent(n, b / n, cap, GaussianEvent(sigma))
+        return SelfComposedEvent(step, t_steps)
+    if sampling == "fixed-size":
+        inner = GaussianEvent(sigma / 2.0, Neighbouring.REPLACE_ONE)
+        return SelfComposedEvent(SampledWithoutReplacementEvent(n, b, inner), t_steps)
+    if sampling == "random-allocation":
+        per_epoch = n // b
+        epoch = RandomAllocationEvent(per_epoch, GaussianEvent(sigma))
+        return SelfComposedEvent(epoch, -(-t_steps // per_epoch))
+    if sampling == "shuffle":
+        epoch_s = ShuffledEvent(n, b, GaussianEvent(sigma / 2.0, Neighbouring.REPLACE_ONE))
+        return SelfComposedEvent(epoch_s, -(-t_steps // epoch_s.num_steps))
+    raise fail("sampling", sampling, f"one of {list(SAMPLINGS)}")

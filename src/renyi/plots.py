@@ -16,7 +16,7 @@ from typing import Any
 from renyi._validation import fail
 from renyi.composition import GaussianCompositionComparison, NoiseComparison
 
-__all__ = ["plot_composition_comparison", "plot_noise_vs_queries"]
+__all__ = ["plot_composition_comparison", "plot_noise_vs_queries", "plot_tradeoff"]
 
 _STYLES: dict[str, dict[str, Any]] = {
     "book_advanced": {"color": "tab:red", "linestyle": "--"},
@@ -129,4 +129,31 @@ def plot_noise_vs_queries(
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize="small")
     fig.suptitle("Vectorised vs sequential composition")
+    return _save(fig, path)
+
+
+def plot_tradeoff(
+    curves: Any, path: str | os.PathLike[str], *, gaussian_mu: float | None = None, title: str = ""
+) -> Path:
+    """Membership-inference trade-off: TPR upper bound against FPR (log-log), one line per
+    :class:`renyi.tradeoff.TradeoffCurve`, with the μ-GDP curve and the diagonal for
+    reference."""
+    import numpy as np
+
+    fig = _figure(figsize=(5.5, 4.5))
+    ax = fig.subplots()
+    for c in curves:
+        ax.plot(c.fpr, c.tpr, label=f"{c.accountant}: TPR upper bound")
+    fpr = np.geomspace(1e-6, 1.0, 200)
+    if gaussian_mu is not None and np.isfinite(gaussian_mu):
+        from renyi.tradeoff import gaussian_tradeoff_tpr
+
+        ax.plot(fpr, gaussian_tradeoff_tpr(gaussian_mu, fpr), ":", label=f"{gaussian_mu:.3g}-GDP")
+    ax.plot(fpr, fpr, "k--", lw=0.8, label="random guess")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("false-positive rate")
+    ax.set_ylabel("true-positive rate (any attack, at most)")
+    ax.set_title(title or "membership inference trade-off")
+    ax.legend(loc="lower right", fontsize=8)
     return _save(fig, path)

@@ -1059,3 +1059,63 @@ def poisson_subsampled_rdp(
         out = interp / (alphas - 1.0)
     out = np.where(finite, out, np.inf)
     return np.asarray(np.where(np.isnan(out), np.inf, out), dtype=np.float64)
+
+
+# --------------------------------------------------------------------------------------------
+# Truncated Poisson sampling (a fixed maximum batch size)
+# --------------------------------------------------------------------------------------------
+
+
+def truncation_probability(dataset_size: int, sampling_rate: float, max_batch_size: int) -> float:
+    """The largest probability, over add/remove neighbours of a dataset of ``dataset_size``
+    records, that the *other* records alone fill a truncated Poisson batch:
+    ``P[Binomial(n, q) >= B]`` (``n`` others is the larger of ``n - 1`` and ``n``)."""
+    from scipy.stats import binom
+
+    return float(binom.sf(max_batch_size - 1, dataset_size, sampling_rate))
+
+
+def truncated_poisson_gaussian_rdp(
+    dataset_size: int,
+    sampling_rate: float,
+    max_batch_size: int,
+    noise_multiplier: float,
+    orders: ArrayLike,
+) -> FloatArray:
+    """RDP of the Gaussian on a truncated Poisson sample (add/remove neighbours).
+
+    Each record joins with probability ``q``; a sample larger than ``B = max_batch_size`` is
+    cut to a uniformly random subset of ``B`` (as jax_privacy's truncated Poisson sampling;
+    dp_accounting's ``TruncatedSubsampledGaussianDpEvent``). Condition on ``j``, the number of
+    *other* records sampled, whose law is the same with or without the differing record:
+
+    * ``j < B``: no truncation, the pair is the Poisson-subsampled Gaussian (rate ``q``);
+    * ``j >= B``: the record enters the batch w.p. ``q B / (j + 1) <= q B / (B + 1)`` and then
+      replaces a random member: the sum moves by at most ``2C``, so the pair is dominated by
+      the Poisson-subsampled Gaussian with rate ``q B/(B+1)`` and multiplier ``σ/2``.
+
+    ``exp((α-1) D_α)`` is jointly convex in the pair, so for ``p = P[j >= B]``
+    (:func:`truncation_probability`, the larger over the two neighbours)::
+
+        D_α <= log((1 - p) e^((α-1) r1(α)) + p e^((α-1) r2(α))) / (α - 1)
+
+    with ``r1``, ``r2`` the two Poisson-subsampled Gaussian curves
+    (:func:`poisson_subsampled_gaussian_rdp`, valid in both directions). The bound is linear
+    in ``p`` inside the log, so the larger ``p`` of the two neighbours covers both.
+    """
+    n = int(dataset_size)
+    q = check_probability("sampling_rate", sampling_rate)
+    b = int(max_batch_size)
+    sigma = check_positive("noise_multiplier", noise_multiplier)
+    alphas = _validate_orders(orders)
+    r1 = poisson_subsampled_gaussian_rdp(q, sigma, alphas)
+    p = truncation_probability(n, q, b)
+    if p == 0.0:
+        return r1
+    r2 = poisson_subsampled_gaussian_rdp(q * b / (b + 1.0), sigma / 2.0, alphas)
+    r2 = np.maximum(r2, r1)  # never below the untruncated branch (keeps the bound monotone)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        am1 = alphas - 1.0
+        log_mix = np.logaddexp(math.log1p(-p) + am1 * r1, math.log(p) + am1 * r2)
+        out = log_mix / am1
+    return np.where(np.isfinite(alphas) & ~np.isnan(out), out, np.inf)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from renyi.accountants import ACCOUNTANTS, epsilon_report, make_accountant
+from renyi.accountants import ACCOUNTANTS, EpsilonReport, epsilon_report, make_accountant
 from renyi.calibration import calibrate_noise_multiplier, dpsgd_event, epochs_to_steps
 from renyi.cli._output import format_table, print_json
+from renyi.events import SAMPLINGS, Event, training_event
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -27,9 +28,24 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("epsilon", help="epsilon of DP-SGD (Poisson-subsampled Gaussian)")
+    p = sub.add_parser("epsilon", help="epsilon of DP-SGD under a batch sampler")
     p.add_argument("--noise-multiplier", type=float, required=True, help="sigma / clip norm")
     _common(p)
+    p.add_argument(
+        "--sampling",
+        choices=SAMPLINGS,
+        help="batch sampler that ran (needs --dataset-size and --batch-size; default: "
+        "Poisson with --sample-rate/--steps)",
+    )
+    p.add_argument(
+        "--max-batch-size", type=int, help="truncated-poisson: the cap (default ceil(b + 4 sqrt b))"
+    )
+    p.add_argument(
+        "--tradeoff",
+        action="store_true",
+        help="also print the TPR bound of any membership-inference attack at FPR 1e-3, 1e-2, 0.1",
+    )
+    p.add_argument("--plot", metavar="PATH", help="write the trade-off curve figure to PATH")
     p.set_defaults(func=_epsilon)
 
     c = sub.add_parser("calibrate", help="noise multiplier for a target (epsilon, delta)")
@@ -49,28 +65,136 @@ def _rate_and_steps(args: argparse.Namespace) -> tuple[float, int]:
     return args.sample_rate, args.steps
 
 
-def _epsilon(args: argparse.Namespace) -> int:
-    q, steps = _rate_and_steps(args)
-    names = sorted(ACCOUNTANTS) if args.accountant == "all" else [args.accountant]
-    report = epsilon_report(
-        delta=args.delta,
-        noise_multiplier=args.noise_multiplier,
-        sample_rate=q,
+def _training(args: argparse.Namespace) -> tuple[Event | None, dict[str, Any]]:
+    """The event to account (None: the legacy Poisson shorthand) and what describes it."""
+    sampling = args.sampling
+    if sampling is None or (
+        sampling == "poisson" and args.sample_rate is not None and args.dataset_size is None
+    ):
+        q, steps = _rate_and_steps(args)
+        return None, {"sampling": "poisson", "sample_rate": q, "steps": steps}
+    if args.dataset_size is None or args.batch_size is None:
+        raise SystemExit(
+            f"renyi: error: --sampling {sampling} needs --dataset-size and --batch-size"
+        )
+    if args.epochs is not None and sampling in ("random-allocation", "shuffle"):
+        # these samplers run in whole epochs of t batches (t = n // b, resp. ceil(n / b))
+        n, b = args.dataset_size, args.batch_size
+        per_epoch = n // b if sampling == "random-allocation" else -(-n // b)
+        steps, _ = epochs_to_steps(args.epochs, per_epoch, 1)
+    elif args.epochs is not None:
+        steps, _ = epochs_to_steps(args.epochs, args.dataset_size, args.batch_size)
+    elif args.steps is not None:
+        steps = args.steps
+    else:
+        raise SystemExit("renyi: error: give --steps or --epochs")
+    event = training_event(
+        sampling,
+        args.noise_multiplier,
+        dataset_size=args.dataset_size,
+        batch_size=args.batch_size,
         steps=steps,
-        accountants=names,
+        max_batch_size=args.max_batch_size,
     )
+    meta: dict[str, Any] = {
+        "sampling": sampling,
+        "sample_rate": args.batch_size / args.dataset_size,
+        "steps": steps,
+        "dataset_size": args.dataset_size,
+        "batch_size": args.batch_size,
+        "neighbouring": event.neighbouring.value,
+    }
+    return event, meta
+
+
+def _lower_bounds(args: argparse.Namespace, meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """Proven lower bounds for the one-batch-per-epoch samplers (and what Poisson accounting
+    of the same run would claim, for shuffling)."""
+    from renyi.allocation import one_of_t_epsilon_lower_bound
+
+    sampling = meta["sampling"]
+    if sampling not in ("shuffle", "random-allocation"):
+        return []
+    n, b = meta["dataset_size"], meta["batch_size"]
+    t = -(-n // b) if sampling == "shuffle" else n // b
+    epochs = -(-meta["steps"] // t)
+    eps = one_of_t_epsilon_lower_bound(
+        t,
+        args.noise_multiplier,
+        args.delta,
+        epochs=epochs,
+        sensitivity=2.0 if sampling == "shuffle" else 1.0,
+    )
+    return [{"accountant": "max-test", "bound": "lower", "epsilon": eps}]
+
+
+def _tradeoff(
+    args: argparse.Namespace, event: Event | None, meta: dict[str, Any]
+) -> dict[str, Any]:
+    from renyi.tradeoff import DEFAULT_FPRS, gdp_mu, tradeoff_curve
+
+    if event is None:
+        event = dpsgd_event(args.noise_multiplier, meta["sample_rate"])
+        count = meta["steps"]
+    else:
+        count = 1
+    curves = []
+    for name in ("pld", "rdp"):
+        acc = make_accountant(name)
+        if acc.supports(event):
+            acc.compose(event, count)
+            curves.append((acc, tradeoff_curve(acc, DEFAULT_FPRS)))
+    if not curves:
+        return {}
+    acc, best = curves[0]
+    out: dict[str, Any] = {
+        "tradeoff": best.to_list(),
+        "tradeoff_accountant": best.accountant,
+    }
+    mu = gdp_mu(acc)
+    out["gdp_mu"] = {"mu": mu.mu, "method": mu.method, "direction": mu.direction}
+    if args.plot:
+        from renyi.plots import plot_tradeoff
+        from renyi.tradeoff import tradeoff_curve as full
+
+        figure = [full(a) for a, _ in curves]
+        out["plot"] = str(plot_tradeoff(figure, args.plot, gaussian_mu=mu.mu))
+    return out
+
+
+def _epsilon(args: argparse.Namespace) -> int:
+    event, meta = _training(args)
+    names = sorted(ACCOUNTANTS) if args.accountant == "all" else [args.accountant]
+    report: EpsilonReport
+    if event is None:
+        report = epsilon_report(
+            delta=args.delta,
+            noise_multiplier=args.noise_multiplier,
+            sample_rate=meta["sample_rate"],
+            steps=meta["steps"],
+            accountants=names,
+        )
+    else:
+        report = epsilon_report(event, delta=args.delta, accountants=names)
+    q, steps = meta["sample_rate"], meta["steps"]
+    rows = [
+        {
+            "accountant": r.accountant,
+            "bound": "upper",
+            "epsilon": r.epsilon,
+            "delta": r.delta,
+            "order": r.order,
+            "epsilon_lower": r.epsilon_lower,
+            "epsilon_upper": r.epsilon if r.epsilon_lower is not None else None,
+        }
+        for r in report.results
+    ]
+    lower = _lower_bounds(args, meta)
+    extra = _tradeoff(args, event, meta) if (args.tradeoff or args.plot) else {}
+    if not rows:
+        reasons = "; ".join(f"{n}: {why}" for n, why in report.unsupported)
+        raise SystemExit(f"renyi: error: no accountant applies ({reasons})")
     if args.json:
-        rows = [
-            {
-                "accountant": r.accountant,
-                "epsilon": r.epsilon,
-                "delta": r.delta,
-                "order": r.order,
-                "epsilon_lower": r.epsilon_lower,
-                "epsilon_upper": r.epsilon if r.epsilon_lower is not None else None,
-            }
-            for r in report.results
-        ]
         head = rows[0] if len(rows) == 1 else {"epsilon": report.best().epsilon}
         print_json(
             {
@@ -78,15 +202,39 @@ def _epsilon(args: argparse.Namespace) -> int:
                 "accountant": args.accountant,
                 "delta": args.delta,
                 "noise_multiplier": args.noise_multiplier,
-                "sample_rate": q,
-                "steps": steps,
-                "results": rows,
+                **meta,
+                "results": rows + lower,
                 "unsupported": dict(report.unsupported),
+                **extra,
             }
         )
         return 0
-    print(f"DP-SGD: noise_multiplier={args.noise_multiplier:g}, sample_rate={q:g}, steps={steps}")
+    print(
+        f"DP-SGD ({meta['sampling']} sampling): noise_multiplier={args.noise_multiplier:g}, "
+        f"sample_rate={q:g}, steps={steps}"
+    )
     print(report)
+    for row in lower:
+        print(
+            f"  {row['accountant']}: epsilon >= {row['epsilon']:.6g} (a proven lower bound: "
+            "no analysis of this sampler can report less)"
+        )
+    if meta["sampling"] == "shuffle":
+        print(
+            "  shuffle: the upper bound has no amplification (none is proven for shuffling; "
+            "Poisson accounting of shuffled batches understates epsilon)"
+        )
+    if extra:
+        print(
+            f"membership inference (any attack), from the {extra['tradeoff_accountant']} profile:"
+        )
+        print(
+            format_table(["FPR", "TPR at most"], [[d["fpr"], d["tpr"]] for d in extra["tradeoff"]])
+        )
+        g = extra["gdp_mu"]
+        print(f"  mu-GDP: mu = {g['mu']:.6g} ({g['direction']})")
+        if "plot" in extra:
+            print(f"figure written to {extra['plot']}")
     return 0
 
 

@@ -31,15 +31,19 @@ from renyi.dpsgd.privacy import (
     private_data_loader,
 )
 from renyi.dpsgd.sampler import (
+    BallsInBinsSampler,
     FixedSizeSampler,
     PoissonSampler,
     SecureRandomSource,
     SeededRandomSource,
+    ShuffleSampler,
+    TruncatedPoissonSampler,
 )
 from renyi.dpsgd.trainer import Trainer, TrainHistory, evaluate
 
 __all__ = [
     "GHOST_LAYER_TYPES",
+    "BallsInBinsSampler",
     "ClippedGradientEngine",
     "CorrelatedOptimizer",
     "CyclicPoissonSampler",
@@ -55,8 +59,10 @@ __all__ = [
     "PrivateTraining",
     "SecureRandomSource",
     "SeededRandomSource",
+    "ShuffleSampler",
     "TrainHistory",
     "Trainer",
+    "TruncatedPoissonSampler",
     "UnclippedGradientError",
     "UnsupportedModelError",
     "check_model",

@@ -13,8 +13,22 @@ Two samplers, each paired with the accounting event that matches it:
   Thm. 9): replacing one example moves the sum of clipped gradients by at most ``2C``, so the
   noise multiplier relative to that sensitivity is ``σ/2``.
 
-Epoch shuffling (permute, then cut into consecutive batches) is deliberately not offered:
-no accountant here analyses it, and accounting it as Poisson sampling understates ε.
+Three more, each recording the event it implies (:meth:`training_event`, the single source
+being :func:`renyi.events.training_event`):
+
+* :class:`TruncatedPoissonSampler` — Poisson, batches cut to ``max_batch_size`` (as
+  jax_privacy); per step ``TruncatedPoissonSampledEvent`` (add/remove).
+* :class:`BallsInBinsSampler` — random allocation: each epoch, every example goes to one of
+  ``t = n // b`` batches uniformly at random; per epoch ``RandomAllocationEvent``
+  (add/remove).
+* :class:`ShuffleSampler` — epoch shuffling: a random permutation cut into batches of
+  ``b``; per epoch ``ShuffledEvent`` (replace-one), whose proven bound has **no**
+  amplification. Accounting shuffled batches as Poisson sampling understates ε, so this
+  sampler never yields a Poisson event.
+
+The last two are analysed per *epoch*, not per step: their :meth:`accounting_event` raises
+:class:`~renyi.errors.UnsupportedEventError` (a per-step event would be wrong) and training
+is accounted with :meth:`training_event`.
 
 Randomness comes from a :class:`TorchRandomSource`, the torch-facing adapter of
 :mod:`renyi.random` (the package's one source of randomness). The default,
@@ -43,20 +57,27 @@ import torch
 
 from renyi import random as rrandom
 from renyi._validation import check_int, check_range, fail
+from renyi.errors import UnsupportedEventError
 from renyi.events import (
     Event,
     GaussianEvent,
     Neighbouring,
     PoissonSampledEvent,
     SampledWithoutReplacementEvent,
+    TruncatedPoissonSampledEvent,
+    default_max_batch_size,
+    training_event,
 )
 
 __all__ = [
+    "BallsInBinsSampler",
     "FixedSizeSampler",
     "PoissonSampler",
     "SecureRandomSource",
     "SeededRandomSource",
+    "ShuffleSampler",
     "TorchRandomSource",
+    "TruncatedPoissonSampler",
     "make_random_source",
 ]
 
@@ -217,8 +238,28 @@ class _PrivacySamplerBase:
     def expected_batch_size(self) -> float:  # pragma: no cover - overridden
         raise NotImplementedError
 
+    sampling: str  # the name of renyi.events.training_event's sampler
+
     def accounting_event(self, noise_multiplier: float) -> Event:  # pragma: no cover
         raise NotImplementedError
+
+    def _batch_size(self) -> int:
+        return round(self.expected_batch_size)
+
+    def _max_batch_size(self) -> int | None:
+        return None
+
+    def training_event(self, noise_multiplier: float, steps: int | None = None) -> Event:
+        """The event of ``steps`` steps (default: one pass, ``len(self)``) with this sampler:
+        :func:`renyi.events.training_event` for this sampler's kind and parameters."""
+        return training_event(
+            self.sampling,
+            noise_multiplier,
+            dataset_size=self.num_samples,
+            batch_size=self._batch_size(),
+            steps=self.steps if steps is None else steps,
+            max_batch_size=self._max_batch_size(),
+        )
 
     def __len__(self) -> int:
         return self.steps
@@ -272,6 +313,8 @@ class PoissonSampler(_PrivacySamplerBase):
         10.0
     """
 
+    sampling = "poisson"
+
     def __init__(
         self,
         num_samples: int,
@@ -322,6 +365,8 @@ class FixedSizeSampler(_PrivacySamplerBase):
         [10]
     """
 
+    sampling = "fixed-size"
+
     def __init__(
         self,
         num_samples: int,
@@ -361,3 +406,193 @@ class FixedSizeSampler(_PrivacySamplerBase):
     def _draw(self) -> torch.Tensor:
         idx = self.random_source.permutation_prefix(self.num_samples, self.batch_size)
         return torch.sort(idx).values
+
+
+class TruncatedPoissonSampler(PoissonSampler):
+    """Poisson sampling with a fixed maximum batch size (jax_privacy's truncated Poisson).
+
+    Each example joins w.p. ``sample_rate``; a batch larger than ``max_batch_size`` is cut
+    to a uniformly random subset of ``max_batch_size``. Per step
+    ``TruncatedPoissonSampledEvent`` (add/remove). ``max_batch_size`` defaults to
+    :func:`renyi.events.default_max_batch_size` of the expected batch size.
+
+    Example:
+        >>> s = TruncatedPoissonSampler(num_samples=100, sample_rate=0.1, steps=3,
+        ...                             max_batch_size=12)
+        >>> all(len(b) <= 12 for b in s)
+        True
+    """
+
+    sampling = "truncated-poisson"
+
+    def __init__(
+        self,
+        num_samples: int,
+        sample_rate: float,
+        steps: int,
+        *,
+        max_batch_size: int | None = None,
+        random_source: TorchRandomSource | None = None,
+    ) -> None:
+        super().__init__(num_samples, sample_rate, steps, random_source=random_source)
+        cap = (
+            default_max_batch_size(max(1, round(self.expected_batch_size)))
+            if max_batch_size is None
+            else max_batch_size
+        )
+        self.max_batch_size = min(check_int("max_batch_size", cap, 1), self.num_samples)
+
+    def _max_batch_size(self) -> int | None:
+        return self.max_batch_size
+
+    def _batch_size(self) -> int:
+        return max(1, round(self.expected_batch_size))
+
+    def training_event(self, noise_multiplier: float, steps: int | None = None) -> Event:
+        from renyi.events import SelfComposedEvent
+
+        return SelfComposedEvent(
+            self.accounting_event(noise_multiplier), self.steps if steps is None else steps
+        )
+
+    def accounting_event(self, noise_multiplier: float) -> Event:
+        """One step: ``TruncatedPoissonSampledEvent(n, q, max_batch_size, Gaussian(σ))``."""
+        return TruncatedPoissonSampledEvent(
+            self.num_samples, self.sample_rate, self.max_batch_size, GaussianEvent(noise_multiplier)
+        )
+
+    def _draw(self) -> torch.Tensor:
+        idx = super()._draw()
+        if idx.numel() <= self.max_batch_size:
+            return idx
+        keep = self.random_source.permutation_prefix(int(idx.numel()), self.max_batch_size)
+        return torch.sort(idx[keep]).values
+
+
+class _EpochSampler(_PrivacySamplerBase):
+    """Samplers analysed per epoch: every example is used once per epoch."""
+
+    batch_size: int
+    _epoch: list[torch.Tensor]
+
+    def __init__(
+        self,
+        num_samples: int,
+        batch_size: int,
+        steps: int,
+        *,
+        random_source: TorchRandomSource | None = None,
+    ) -> None:
+        self.num_samples = check_int("num_samples", num_samples, 1)
+        self.batch_size = check_int("batch_size", batch_size, 1)
+        if self.batch_size > self.num_samples:
+            raise fail("batch_size", batch_size, f"an integer in [1, num_samples={num_samples}]")
+        self.steps = check_int("steps", steps, 1)
+        self.random_source = random_source if random_source is not None else SecureRandomSource()
+        self._position = 0
+        self._epoch = []
+
+    @property
+    def steps_per_epoch(self) -> int:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _batch_size(self) -> int:
+        return self.batch_size
+
+    def accounting_event(self, noise_multiplier: float) -> Event:
+        raise UnsupportedEventError(
+            f"{type(self).__name__} is analysed per epoch, not per step (a per-step event "
+            "would misstate its privacy): account with sampler.training_event(noise_multiplier"
+            ", steps), or use PoissonSampler / FixedSizeSampler for per-step accounting"
+        )
+
+    def _new_epoch(self) -> list[torch.Tensor]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _draw(self) -> torch.Tensor:
+        k = self._position % self.steps_per_epoch
+        if k == 0 or not self._epoch:
+            self._epoch = self._new_epoch()
+        return self._epoch[k]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self._position % self.steps_per_epoch:
+            raise fail(
+                "state['position']",
+                self._position,
+                "an epoch boundary (a multiple of steps_per_epoch): the epoch's allocation "
+                "is not saved",
+            )
+        self._epoch = []
+
+
+class BallsInBinsSampler(_EpochSampler):
+    """Random allocation ("balls in bins"): each epoch, every example is put in one of
+    ``t = n // batch_size`` batches uniformly at random and independently of the others
+    (batch sizes are Binomial(n, 1/t), mean ``n / t >= batch_size``).
+
+    Accounted per epoch as ``RandomAllocationEvent(t, GaussianEvent(σ))`` under add/remove
+    (Chua et al. 2024; Feldman & Shenfeld 2025): about as private as Poisson sampling with
+    ``q = 1/t``, with every example seen exactly once per epoch.
+
+    Example:
+        >>> s = BallsInBinsSampler(num_samples=100, batch_size=10, steps=10)
+        >>> sorted(i for b in s for i in b) == list(range(100))
+        True
+    """
+
+    sampling = "random-allocation"
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_samples // self.batch_size
+
+    @property
+    def neighbouring(self) -> Neighbouring:
+        return Neighbouring.ADD_REMOVE
+
+    @property
+    def expected_batch_size(self) -> float:
+        return self.num_samples / self.steps_per_epoch
+
+    def _new_epoch(self) -> list[torch.Tensor]:
+        t = self.steps_per_epoch
+        bins = torch.clamp((self.random_source.uniform(self.num_samples) * t).long(), max=t - 1)
+        order = torch.argsort(bins, stable=True)
+        counts = torch.bincount(bins, minlength=t).tolist()
+        return list(torch.split(order, counts))
+
+
+class ShuffleSampler(_EpochSampler):
+    """Epoch shuffling: each epoch a uniformly random permutation cut into consecutive
+    batches of ``batch_size`` (the last one shorter if ``batch_size`` does not divide n).
+
+    Accounted per epoch as ``ShuffledEvent`` under replace-one: the proven bound is one
+    Gaussian run per epoch, **without** amplification (no tighter sound analysis is known;
+    :func:`renyi.allocation.one_of_t_epsilon_lower_bound` shows how much privacy shuffling
+    provably lacks). It never reports a Poisson ε.
+
+    Example:
+        >>> s = ShuffleSampler(num_samples=10, batch_size=4, steps=3)
+        >>> [len(b) for b in s]
+        [4, 4, 2]
+    """
+
+    sampling = "shuffle"
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return -(-self.num_samples // self.batch_size)
+
+    @property
+    def neighbouring(self) -> Neighbouring:
+        return Neighbouring.REPLACE_ONE
+
+    @property
+    def expected_batch_size(self) -> float:
+        return float(self.batch_size)
+
+    def _new_epoch(self) -> list[torch.Tensor]:
+        order = torch.argsort(self.random_source.uniform(self.num_samples))
+        return list(torch.split(order, self.batch_size))
