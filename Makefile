@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-slow lint typecheck unit clean
+.PHONY: demo test test-slow lint typecheck unit clean postgres-server
 
 $(VENV)/.base:
 	$(PYTHON) -m venv $(VENV)
@@ -33,16 +33,22 @@ lint: $(VENV)/.dev
 typecheck: $(VENV)/.dev
 	$(VENV)/bin/mypy
 
+# The ledger tests start a real PostgreSQL server of their own (initdb + pg_ctl into a temp
+# dir, unix socket only); install the server binaries when missing (CI runs as root).
+postgres-server:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || \
+		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql)
+
 # tests/ plus every docstring example in src/renyi and every >>> example in docs/*.md.
 # Tests marked `slow` (extra high-precision reference grids, minutes each) run with
 # `make test-slow`; the required grids are in the default suite.
-unit: $(VENV)/.dev
+unit: $(VENV)/.dev postgres-server
 	MPLBACKEND=Agg $(PY) -m pytest -q -m "not slow" tests
 	MPLBACKEND=Agg $(PY) -m pytest -q --doctest-modules --doctest-glob='*.md' src/renyi docs
 
 test: lint typecheck unit
 
-test-slow: $(VENV)/.dev
+test-slow: $(VENV)/.dev postgres-server
 	MPLBACKEND=Agg $(PY) -m pytest -q -m slow tests
 
 clean:

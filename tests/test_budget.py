@@ -22,7 +22,7 @@ def test_ten_tenths_fit_exactly_in_one():
     for _ in range(10):
         b.spend(PureDpEvent(0.1))
     assert b.remaining() == 0.0
-    with pytest.raises(BudgetExceededError, match="remaining epsilon=0"):
+    with pytest.raises(BudgetExceededError, match="only epsilon=0 of 1 remains"):
         b.spend(PureDpEvent(1e-12))
     assert len(b.entries()) == 10
 
@@ -187,24 +187,70 @@ def test_foreign_and_corrupted_files_are_never_overwritten(tmp_path):
         Budget.open(tmp_path / "missing.db")
 
 
-def test_tampered_state_detected(tmp_path):
-    path = tmp_path / "b.sqlite"
-    b = Budget(epsilon=1.0, ledger=path)
-    b.spend(PureDpEvent(0.5))
-    conn = sqlite3.connect(path)
-    conn.execute('UPDATE state SET value = \'{"spent": "0.1"}\'')
-    conn.commit()
-    conn.close()
-    with pytest.raises(LedgerError, match="do not add up"):
-        Budget.open(path).verify()
-
-
 def test_sqlite_store_rejects_wrong_schema(tmp_path):
     path = tmp_path / "b.sqlite"
-    SQLiteLedgerStore(path)
+    Budget(epsilon=1.0, ledger=path)
     conn = sqlite3.connect(path)
     conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     conn.commit()
     conn.close()
     with pytest.raises(LedgerError, match="schema"):
         SQLiteLedgerStore(path)
+
+
+def test_exact_sum_never_undercharges():
+    """The issue's case: three Laplace(3) cost exactly 1 > 0.9999999999999999."""
+    b = Budget(epsilon=0.9999999999999999)
+    b.spend(LaplaceEvent(3.0))
+    b.spend(LaplaceEvent(3.0))
+    with pytest.raises(BudgetExceededError, match=r"costs epsilon=0\.333"):
+        b.spend(LaplaceEvent(3.0))
+    # and exactly 1 does take all three
+    ok = Budget(epsilon=1.0)
+    for _ in range(3):
+        ok.spend(LaplaceEvent(3.0))
+    assert ok.remaining() == 0.0 and not ok.can_spend(PureDpEvent(5e-324))
+
+
+def test_costs_from_noise_charge_the_larger_reading():
+    from fractions import Fraction
+
+    from renyi.budget import event_pure_epsilon, event_rho_exact
+    from renyi.events import RandomizedResponseEvent
+
+    # scale 0.1: the float is slightly above 1/10, the decimal is 1/10 -> charge 10 (larger)
+    assert event_pure_epsilon(LaplaceEvent(0.1)) == Fraction(10)
+    # scale 0.3: the float is below 3/10 -> charge 1/float (above 10/3)
+    assert event_pure_epsilon(LaplaceEvent(0.3)) == 1 / Fraction(0.3) > Fraction(10, 3)
+    assert event_rho_exact(GaussianEvent(1.0)) == Fraction(1, 2)
+    rr = float(event_pure_epsilon(RandomizedResponseEvent(0.75)))
+    assert rr >= math.log(3) and rr == pytest.approx(math.log(3), rel=1e-14)
+
+
+@pytest.mark.parametrize("value, shown", [(10, "10"), (70, "70"), (100, "100"), (2.5, "2.5")])
+def test_amounts_print_with_their_zeros(value, shown):
+    b = Budget(epsilon=1000.0)
+    r = b.spend(PureDpEvent(value))
+    assert r.cost["epsilon"] == shown
+    b2 = Budget(epsilon=value + 60)
+    b2.spend(PureDpEvent(value))
+    with pytest.raises(BudgetExceededError, match=r"only epsilon=60 of"):
+        b2.spend(PureDpEvent(61))
+
+
+def test_status_in_user_units():
+    b = Budget(epsilon=3.0, delta=1e-5)
+    step = PoissonSampledEvent(0.01, GaussianEvent(1.1))
+    b.spend(step, 500)
+    st = b.status()
+    from renyi.conversions import rdp_to_dp_mironov
+
+    curve = b.accountant().curve  # the same composition, rebuilt by the accountant
+    eps, order = rdp_to_dp_mironov(curve.orders, curve.epsilons, 1e-5)
+    assert st["epsilon_spent"] == pytest.approx(eps, rel=1e-12) and st["order"] == order
+    # Mironov's bound (what the filter enforces) is above the accountant's tighter figure
+    assert st["epsilon_spent"] >= b.accountant().epsilon(1e-5).epsilon
+    assert st["epsilon_spent"] + st["epsilon_remaining"] == pytest.approx(3.0)
+    assert st["delta"] == 1e-5 and st["entries"] == 1
+    with pytest.raises(BudgetExceededError, match=r"epsilon spent from .* remains"):
+        b.spend(step, 100000)

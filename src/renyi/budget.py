@@ -8,10 +8,12 @@ A refused request changes nothing, so a later, cheaper request that fits is stil
 Budgets:
 
 * ``Budget(epsilon=1.0)`` — pure ε-DP, basic composition (sound for adaptively chosen
-  ε's: Rogers et al. 2016). Sums are exact: each ε is read as the shortest decimal that
-  round-trips its float (what the user wrote), added in exact decimal arithmetic, so a budget
-  of 1.0 spent as ten 0.1's allows exactly ten.
-* ``Budget(rho=0.5)`` — ρ-zCDP; ρ's add (Bun & Steinke 2016), exact decimal sums likewise.
+  ε's: Rogers et al. 2016). Sums are exact rationals and never under-charge: declared
+  ε's (``PureDpEvent``) are read as written (the shortest decimal of the float), so a budget
+  of 1.0 spent as ten 0.1's allows exactly ten; costs derived from noise (Laplace ε = 1/scale)
+  are exact rationals of the parameters, so three ``LaplaceEvent(3)`` cost exactly 1; costs
+  only computable in floating point (randomized response) are rounded up.
+* ``Budget(rho=0.5)`` — ρ-zCDP; ρ's add (Bun & Steinke 2016), exact sums likewise.
 * ``Budget(epsilon=3.0, delta=1e-5)`` — (ε, δ) through RDP. The limit becomes a budget
   curve on a grid of orders fixed in advance: b(α) = ε − log(1/δ)/(α − 1), Mironov 2017,
   Prop. 3. The filter serves a request while *some* order of the grid stays within its
@@ -62,20 +64,37 @@ from renyi.errors import BudgetExceededError, PrivacyParameterError, Unsupported
 from renyi.events import (
     ApproxDpEvent,
     ComposedEvent,
+    DiscreteGaussianEvent,
     DiscreteLaplaceEvent,
     Event,
+    GaussianEvent,
     LaplaceEvent,
+    PoissonSampledEvent,
     PureDpEvent,
     RandomizedResponseEvent,
+    SampledWithoutReplacementEvent,
     SelfComposedEvent,
+    ZcdpEvent,
     from_dict,
 )
-from renyi.ledger import LedgerEntry, LedgerError, LedgerStore, Transaction, now_iso, open_store
+from renyi.ledger import (
+    CHAIN_HMAC,
+    CHAIN_SHA256,
+    LedgerEntry,
+    LedgerError,
+    LedgerStore,
+    Transaction,
+    entry_digest,
+    genesis_digest,
+    now_iso,
+    open_store,
+)
+from renyi.ledger._base import same_digest
 
-__all__ = ["Budget", "Receipt", "event_pure_epsilon"]
+__all__ = ["Budget", "Receipt", "event_pure_epsilon", "event_rho_exact"]
 
 _ROUND_UP = 1.0 + 4 * np.finfo(np.float64).eps  # inflate computed RDP costs by a few ulps
-
+_ULPS_UP = Fraction(1) + Fraction(1, 2**49)  # ~8 ulps up, for costs computed in floats
 
 _INF = Fraction(10) ** 400  # stands for +inf in exact arithmetic (larger than any float)
 
@@ -88,20 +107,49 @@ def _dec(x: float) -> Fraction:
     return Fraction(Decimal(repr(x)))
 
 
+def _small(x: float) -> Fraction:
+    """The smaller of the two readings of a parameter: as typed (decimal) or as stored (binary).
+
+    A cost that *decreases* in a parameter (ε = 1/scale) is charged at this reading, so it is
+    never below the cost of either the value the user wrote or the float the mechanism used.
+    """
+    return min(_dec(x), Fraction(float(x)))
+
+
+def _large(x: float) -> Fraction:
+    """The larger of the two readings (for costs that increase in the parameter)."""
+    return max(_dec(x), Fraction(float(x)))
+
+
+def _float_up(x: float) -> Fraction:
+    """A cost computed in floating point (a few ulps of error), rounded up."""
+    return _INF if math.isinf(x) else Fraction(x) * _ULPS_UP
+
+
 def event_pure_epsilon(event: Event) -> Fraction:
-    """ε of one run of ``event`` under pure DP, exactly (basic composition)."""
+    """ε of one run of ``event`` under pure DP, exactly or rounded up (basic composition).
+
+    Declared guarantees (``PureDpEvent``, ``ApproxDpEvent`` with δ = 0) are charged at the
+    value as written (the shortest decimal of the float). Costs derived from noise parameters
+    are exact rationals of those parameters, taking whichever reading (decimal or binary)
+    costs more: Laplace ε = 1/scale, discrete Laplace ε = Δ₁/scale. Randomized response's
+    log(p/(1−p)) is irrational: it is computed in floating point and rounded up.
+    """
     if isinstance(event, PureDpEvent):
         return _dec(event.epsilon)
     if isinstance(event, ApproxDpEvent) and event.delta == 0.0:
         return _dec(event.epsilon)
     if isinstance(event, LaplaceEvent):
-        return _dec(1.0 / event.scale)
+        return 1 / _small(event.scale)
     if isinstance(event, DiscreteLaplaceEvent):
-        return _dec(event.sensitivity / event.scale)
+        return _large(event.sensitivity) / _small(event.scale)
     if isinstance(event, RandomizedResponseEvent):
         if event.p == 1.0:
             return _INF
-        return _dec(math.log(event.p / (1.0 - event.p)))
+        p = event.p if _dec(event.p) <= Fraction(event.p) else math.nextafter(event.p, 1.0)
+        if p >= 1.0:
+            return _INF
+        return _float_up(math.log1p((2.0 * p - 1.0) / (1.0 - p)))
     if isinstance(event, ComposedEvent):
         return sum((event_pure_epsilon(e) for e in event.events), Fraction(0))
     if isinstance(event, SelfComposedEvent):
@@ -111,21 +159,47 @@ def event_pure_epsilon(event: Event) -> Fraction:
     )
 
 
+def event_rho_exact(event: Event) -> Fraction:
+    """ρ (zCDP) of one run of ``event``, exactly or rounded up (see :func:`event_pure_epsilon`)."""
+    if isinstance(event, ZcdpEvent):
+        return _dec(event.rho)
+    if isinstance(event, GaussianEvent):
+        return 1 / (2 * _small(event.noise_multiplier) ** 2)
+    if isinstance(event, DiscreteGaussianEvent):
+        return _large(event.sensitivity) ** 2 / (2 * _small(event.sigma) ** 2)
+    if isinstance(
+        event, LaplaceEvent | DiscreteLaplaceEvent | PureDpEvent | RandomizedResponseEvent
+    ):
+        e = event_pure_epsilon(event)
+        return _INF if e >= _INF else e * e / 2  # Bun & Steinke 2016, Prop. 3.3
+    if isinstance(event, ApproxDpEvent) and event.delta == 0.0:
+        e = event_pure_epsilon(event)
+        return e * e / 2
+    if isinstance(event, PoissonSampledEvent | SampledWithoutReplacementEvent):
+        if getattr(event, "sampling_rate", 1.0) == 0.0:
+            return Fraction(0)
+        return event_rho_exact(event.event)  # no amplification in zCDP
+    if isinstance(event, ComposedEvent):
+        return sum((event_rho_exact(e) for e in event.events), Fraction(0))
+    if isinstance(event, SelfComposedEvent):
+        return event.count * event_rho_exact(event.event) if event.count else Fraction(0)
+    return _float_up(event_rho(event))  # raises UnsupportedEventError for the rest
+
+
 def _show(x: Fraction) -> str:
     """A readable exact value: the decimal when it terminates, else a 17-digit float."""
     if x >= _INF:
         return "inf"
+    if x == 0:
+        return "0"
     d = x.denominator
     while d % 2 == 0:
         d //= 2
     while d % 5 == 0:
         d //= 5
     if d == 1:
-        return (
-            format(Decimal(x.numerator) / Decimal(x.denominator), "f").rstrip("0").rstrip(".")
-            if x
-            else "0"
-        )
+        text = format(Decimal(x.numerator) / Decimal(x.denominator), "f")
+        return text.rstrip("0").rstrip(".") if "." in text else text
     return repr(float(x))
 
 
@@ -135,6 +209,16 @@ def _enc(values: NDArray[np.float64]) -> list[Any]:
 
 def _dec_arr(values: list[Any]) -> NDArray[np.float64]:
     return np.array([math.inf if v == "inf" else float(v) for v in values], dtype=np.float64)
+
+
+def _key_bytes(key: bytes | str | None) -> bytes | None:
+    if key is None:
+        return None
+    if isinstance(key, str):
+        key = key.encode("utf-8")
+    if not isinstance(key, bytes) or len(key) < 16:
+        raise fail("key", "<hidden>", "bytes or str of at least 16 bytes (an HMAC key)")
+    return key
 
 
 @dataclass(frozen=True)
@@ -151,7 +235,7 @@ class Receipt:
 
 
 class Budget:
-    """A privacy filter with a ledger. See the module docstring for the kinds of budget.
+    """A privacy filter with a tamper-evident ledger. See the module docstring.
 
     Args:
         epsilon: pure-DP limit, or with ``delta`` the (ε, δ) target (via RDP).
@@ -159,8 +243,12 @@ class Budget:
         rho: zCDP limit.
         curve: an explicit RDP budget curve.
         orders: the fixed grid of orders of an (ε, δ) budget (default: DEFAULT_ORDERS).
-        ledger: a path to a SQLite ledger file (created if missing; reopened and checked
-            if present), a :class:`~renyi.ledger.LedgerStore`, or None (in memory).
+        ledger: a path to a SQLite ledger file (created atomically if missing; reopened and
+            verified if present), a ``postgresql://`` URL, a
+            :class:`~renyi.ledger.LedgerStore`, or None (in memory).
+        key: optional HMAC key (≥ 16 bytes) for the ledger's hash chain: a keyed ledger
+            cannot be rewritten consistently by anyone without the key. A keyed ledger must
+            always be opened with its key.
     """
 
     def __init__(
@@ -172,31 +260,59 @@ class Budget:
         curve: RdpCurve | None = None,
         orders: ArrayLike = DEFAULT_ORDERS,
         ledger: str | os.PathLike[str] | LedgerStore | None = None,
+        key: bytes | str | None = None,
     ) -> None:
+        self._key = _key_bytes(key)
         spec = _make_spec(epsilon, delta, rho, curve, orders)
+        spec["chain"] = CHAIN_HMAC if self._key is not None else CHAIN_SHA256
         self._store = open_store(ledger)
-        self._store.initialise(spec)
         self._spec = spec
         self._setup()
+        try:
+            self.created = self._store.initialise(spec, self._state_json(self._initial()))
+        except LedgerError:
+            try:
+                held = self._store.spec()
+            except LedgerError:
+                held = None
+            if held is not None and {**held, "chain": spec["chain"]} == spec:
+                raise self._chain_mismatch(held) from None
+            raise
+        self._load()
 
     @classmethod
-    def open(cls, ledger: str | os.PathLike[str] | LedgerStore) -> Budget:
-        """Reopen the budget recorded in an existing ledger (refuses a ledger with none)."""
-        from renyi.ledger import SQLiteLedgerStore
-
-        store = (
-            SQLiteLedgerStore(ledger, create=False)
-            if isinstance(ledger, str | os.PathLike)
-            else ledger
-        )
+    def open(
+        cls, ledger: str | os.PathLike[str] | LedgerStore, *, key: bytes | str | None = None
+    ) -> Budget:
+        """Reopen and verify the budget recorded in an existing ledger (path, URL or store)."""
+        store = open_store(ledger, create=False)
         spec = store.spec()
         if spec is None:
-            raise LedgerError("this ledger holds no budget: create it with Budget(..., ledger=)")
+            raise LedgerError(
+                f"{store.describe()} holds no budget: create it with Budget(..., ledger=) "
+                "or `renyi ledger init`"
+            )
         self = cls.__new__(cls)
+        self._key = _key_bytes(key)
         self._store = store
         self._spec = spec
+        self.created = False
+        if spec.get("chain") not in (CHAIN_SHA256, CHAIN_HMAC):
+            raise LedgerError(f"{store.describe()}: unknown hash chain {spec.get('chain')!r}")
+        if (spec["chain"] == CHAIN_HMAC) != (self._key is not None):
+            raise self._chain_mismatch(spec)
         self._setup()
+        self._load()
         return self
+
+    def _chain_mismatch(self, held: dict[str, Any]) -> LedgerError:
+        where = self._store.describe()
+        if held.get("chain") == CHAIN_HMAC:
+            return LedgerError(f"{where} is keyed (HMAC): open it with its key")
+        return LedgerError(
+            f"{where} is not keyed but a key was given: a keyed budget cannot reuse an unkeyed "
+            "ledger (or its chain was downgraded)"
+        )
 
     def _setup(self) -> None:
         kind = self._spec["kind"]
@@ -204,6 +320,13 @@ class Budget:
         if kind in ("approx", "rdp"):
             self._orders = np.array(self._spec["orders"], dtype=np.float64)
             self._limit = _dec_arr(self._spec["limit"])
+        self._genesis = genesis_digest(self._spec, self._key)
+        self._cost_cache: dict[tuple[str, int], Any] = {}
+
+    def _load(self) -> None:
+        """Verify the whole chain and the state row; remember the verified totals."""
+        self._n, self._head, self._verified = 0, self._genesis, self._initial()
+        self._store.read(self._full_check)
 
     # ------------------------------------------------------------------ description
     @property
@@ -214,6 +337,23 @@ class Budget:
     @property
     def store(self) -> LedgerStore:
         return self._store
+
+    @property
+    def head(self) -> str:
+        """The hash of the last verified entry (keep a copy elsewhere to detect a rollback)."""
+        return self._head
+
+    def close(self) -> None:
+        """Close the ledger's connection in this thread (reopened on the next use)."""
+        close = getattr(self._store, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> Budget:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         s = self._spec
@@ -236,43 +376,198 @@ class Budget:
         if self.kind == "pure":
             return count * event_pure_epsilon(event) if count else Fraction(0)
         if self.kind == "zcdp":
-            return count * _dec(event_rho(event)) if count else Fraction(0)
+            return count * event_rho_exact(event) if count else Fraction(0)
         per = event_rdp(event, self._orders) * _ROUND_UP
         return np.zeros_like(per) if count == 0 else count * per
 
-    def _initial(self) -> dict[str, Any]:
+    def _initial(self) -> Any:
         if self.kind in ("pure", "zcdp"):
-            return {"spent": "0"}
-        return {"spent": _enc(np.zeros_like(self._orders))}
+            return Fraction(0)
+        return np.zeros_like(self._orders)
+
+    def _cap(self) -> Fraction:
+        return _dec(self._spec["epsilon" if self.kind == "pure" else "rho"])
 
     def _fits(self, spent: Any) -> bool:
-        if self.kind == "pure":
-            return bool(spent <= _dec(self._spec["epsilon"]))
-        if self.kind == "zcdp":
-            return bool(spent <= _dec(self._spec["rho"]))
+        if self.kind in ("pure", "zcdp"):
+            return bool(spent <= self._cap())
         return bool(np.any(spent <= self._limit))
 
-    def _spent(self, state: dict[str, Any]) -> Any:
-        if self.kind in ("pure", "zcdp"):
-            return Fraction(state["spent"])
-        return _dec_arr(state["spent"])
+    def _spent_of(self, state: dict[str, Any]) -> Any:
+        try:
+            if self.kind in ("pure", "zcdp"):
+                return Fraction(state["spent"])
+            return _dec_arr(state["spent"])
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            raise LedgerError(
+                f"{self._store.describe()}: the state row is unreadable (damaged or edited)"
+            ) from None
 
-    def _state(self, spent: Any) -> dict[str, Any]:
-        if self.kind in ("pure", "zcdp"):
-            return {"spent": str(spent)}
-        return {"spent": _enc(spent)}
+    def _state_json(self, spent: Any, n: int = 0, head: str | None = None) -> dict[str, Any]:
+        enc: Any = str(spent) if self.kind in ("pure", "zcdp") else _enc(spent)
+        return {"spent": enc, "entries": n, "head": head or self._genesis}
+
+    def _epsilon_of(self, spent: NDArray[np.float64]) -> float:
+        """ε at the budget's δ of an RDP total (Mironov, over the budget's fixed grid)."""
+        from renyi.conversions import rdp_to_dp_mironov
+
+        if not np.any(spent > 0):
+            return 0.0
+        eps, _ = rdp_to_dp_mironov(self._orders, spent, self._spec["delta"])
+        return float(eps)
 
     def _summary(self, spent: Any) -> dict[str, Any]:
-        if self.kind in ("pure", "zcdp"):
-            return {"spent": str(spent)}
+        if self.kind == "pure":
+            return {"epsilon_spent": _show(spent)}
+        if self.kind == "zcdp":
+            return {"rho_spent": _show(spent)}
         ok = spent <= self._limit
         slack = np.where(ok, self._limit - spent, -np.inf)
         i = int(np.argmax(slack))
-        return {
+        out: dict[str, Any] = {
             "best_order": float(self._orders[i]),
-            "spent_at_best_order": float(spent[i]),
             "orders_within_budget": int(ok.sum()),
         }
+        if self.kind == "approx":
+            out["epsilon_spent"] = self._epsilon_of(spent)
+        return out
+
+    def _cost_json(self, cost: Any, before: Any) -> dict[str, Any]:
+        if self.kind == "pure":
+            return {"epsilon": _show(cost), "exact": str(cost)}
+        if self.kind == "zcdp":
+            return {"rho": _show(cost), "exact": str(cost)}
+        if self.kind == "approx":
+            return {
+                "epsilon": self._epsilon_of(before + cost) - self._epsilon_of(before),
+                "epsilon_alone": self._epsilon_of(cost),
+            }
+        return {"rdp_at_best_order": float(np.min(cost))}
+
+    # ------------------------------------------------------------------ verification
+    def _entry_cost(self, e: LedgerEntry) -> Any:
+        key = (str(sorted(e.event.items())), e.count)
+        cached = self._cost_cache.get(key)
+        if cached is None:
+            try:
+                event = from_dict(e.event)
+            except Exception as exc:  # any damage to a stored event is a ledger problem
+                raise LedgerError(
+                    f"{self._store.describe()}: entry #{e.index} holds an unreadable event ({exc})"
+                ) from None
+            cached = self.cost(event, e.count)
+            if len(self._cost_cache) < 4096:
+                self._cost_cache[key] = cached
+        return cached
+
+    def _walk(
+        self, entries: list[LedgerEntry], n: int, head: str, spent: Any
+    ) -> tuple[int, str, Any]:
+        """Verify ``entries`` as the continuation of a verified prefix (n entries, head, spent)."""
+        where = self._store.describe()
+        for e in entries:
+            if e.index != n:
+                what = "missing" if e.index > n else "duplicated or out of order"
+                raise LedgerError(
+                    f"{where}: entry #{n} is {what} (found #{e.index} where #{n} belongs): "
+                    "the ledger was tampered with; refusing to use it"
+                )
+            if not same_digest(e.hash, entry_digest(e, head, self._key)):
+                raise LedgerError(
+                    f"{where}: entry #{n} fails the hash chain: it (or the budget, or an entry "
+                    "before it) was edited, reordered or damaged; refusing to use this ledger"
+                )
+            cost = self._entry_cost(e)
+            if self.kind in ("pure", "zcdp"):
+                recorded = e.cost.get("exact")
+                if recorded != str(cost):
+                    raise LedgerError(
+                        f"{where}: entry #{n} records a cost of {recorded} but its event costs "
+                        f"{cost}; refusing to use this ledger"
+                    )
+            spent = spent + cost
+            head = e.hash
+            n += 1
+        return n, head, spent
+
+    def _check_state(self, t: Transaction, n: int, head: str, spent: Any) -> Any:
+        """Compare the stored state with the verified totals; return the spent total to use."""
+        where = self._store.describe()
+        state = t.state()
+        if state is None:
+            raise LedgerError(f"{where}: the state row is missing (damaged or edited ledger)")
+        stored_n = state.get("entries")
+        if stored_n != n:
+            if isinstance(stored_n, int) and stored_n > n:
+                raise LedgerError(
+                    f"{where}: entry #{n} is missing: the state records {stored_n} releases but "
+                    f"the chain holds {n}; refusing to use this ledger"
+                )
+            raise LedgerError(
+                f"{where}: the state row records {stored_n!r} releases but the chain holds {n} "
+                "(state row edited); refusing to use this ledger"
+            )
+        if not same_digest(str(state.get("head")), head):
+            raise LedgerError(
+                f"{where}: the state row's chain head does not match entry #{n - 1} (state row "
+                "edited); refusing to use this ledger"
+            )
+        stored = self._spent_of(state)
+        if self.kind in ("pure", "zcdp"):
+            ok = stored == spent
+        else:
+            ok = bool(np.allclose(stored, spent, rtol=1e-9, atol=1e-12))
+            spent = np.maximum(stored, spent)  # never below what either says
+        if not ok:
+            shown = (
+                f"{_show(stored)} spent but entries #0..#{n - 1} add up to {_show(spent)}"
+                if self.kind in ("pure", "zcdp")
+                else "a spent total that its entries do not add up to"
+            )
+            raise LedgerError(
+                f"{where}: the state row says {shown} (state row edited); refusing to use "
+                "this ledger"
+            )
+        return spent
+
+    def _full_check(self, t: Transaction) -> Any:
+        n, head, spent = self._walk(t.entries(), 0, self._genesis, self._initial())
+        spent = self._check_state(t, n, head, spent)
+        if t.count_entries() != n:  # pragma: no cover - entries() returned every row
+            raise LedgerError(f"{self._store.describe()}: entry count changed while reading")
+        self._n, self._head, self._verified = n, head, spent
+        return spent
+
+    def _sync(self, t: Transaction) -> Any:
+        """Verify what other writers appended since we last looked; the verified spent total.
+
+        The last verified link, the entries after it, the entry count and the state row are
+        checked; any surprise falls back to a full verification that names the first bad entry.
+        """
+        n0, head0, spent0 = self._n, self._head, self._verified
+        try:
+            rows = t.entries(max(n0 - 1, 0))
+            if n0 > 0:
+                if not rows or rows[0].index != n0 - 1 or not same_digest(rows[0].hash, head0):
+                    raise LedgerError("prefix changed")
+                rows = rows[1:]
+            n, head, spent = self._walk(rows, n0, head0, spent0)
+            if t.count_entries() != n:
+                raise LedgerError("entry count")
+            spent = self._check_state(t, n, head, spent)
+        except LedgerError:
+            return self._full_check(t)  # raises with the first bad entry named
+        self._n, self._head, self._verified = n, head, spent
+        return spent
+
+    def verify(self) -> bool:
+        """Re-verify the whole chain and recompute the spent total from every entry's event.
+
+        Returns True when the chain is intact and the stored state equals the recomputed
+        total; raises :class:`LedgerError` naming the first bad entry otherwise.
+        """
+        self._store.read(self._full_check)
+        return True
 
     # ------------------------------------------------------------------ spending
     def spend(
@@ -285,7 +580,8 @@ class Budget:
     ) -> Receipt:
         """Charge ``count`` runs of ``event``, or raise BudgetExceededError (changing nothing).
 
-        The ledger entry is committed before this returns: release only after it does.
+        The ledger is verified first (see :meth:`verify`), and the entry is committed before
+        this returns: release only after it does.
         """
         cost = self.cost(event, count)
         event_dict = event.to_dict()
@@ -293,28 +589,33 @@ class Budget:
         if label is not None and not isinstance(label, str):
             raise fail("label", label, "a string or None")
 
+        done: list[tuple[int, str, Any]] = []
+
         def txn_fn(txn: Transaction) -> Receipt:
-            state = txn.state() or self._initial()
-            spent = self._spent(state)
+            done.clear()
+            spent = self._sync(txn)
             new = spent + cost
             if not self._fits(new):
                 raise BudgetExceededError(self._refusal(event, count, spent, cost))
-            new_state = self._state(new)
-            cost_json = self._cost_json(cost)
             entry = LedgerEntry(
-                index=txn.count_entries(),
+                index=self._n,
                 time=now_iso(),
                 event=event_dict,
                 count=count,
-                cost=cost_json,
+                cost=self._cost_json(cost, spent),
                 state_after=self._summary(new),
                 label=label,
                 metadata=meta,
             )
-            txn.append(entry, new_state)
-            return Receipt(entry.index, event, count, cost_json, entry.state_after, label, meta)
+            digest = entry_digest(entry, self._head, self._key)
+            entry = LedgerEntry(**{**entry.__dict__, "hash": digest})
+            txn.append(entry, self._state_json(new, self._n + 1, digest))
+            done.append((self._n + 1, digest, new))
+            return Receipt(entry.index, event, count, entry.cost, entry.state_after, label, meta)
 
-        return self._store.transaction(txn_fn)
+        receipt = self._store.transaction(txn_fn)
+        self._n, self._head, self._verified = done[-1]  # committed
+        return receipt
 
     @contextmanager
     def release(
@@ -332,57 +633,58 @@ class Budget:
         """
         yield self.spend(event, count, label=label, metadata=metadata)
 
+    def _spent(self) -> Any:
+        """The verified spent total now (re-reading what other writers appended)."""
+        return self._store.read(self._sync)
+
     def can_spend(self, event: Event, count: int = 1) -> bool:
         """Whether ``spend(event, count)`` would succeed now (no state change)."""
-        return bool(self._fits(self._spent(self._current()) + self.cost(event, count)))
-
-    def _cost_json(self, cost: Any) -> dict[str, Any]:
-        if self.kind == "pure":
-            return {"epsilon": _show(cost)}
-        if self.kind == "zcdp":
-            return {"rho": _show(cost)}
-        return {"rdp_min": float(np.min(cost)), "rdp_max": float(np.max(cost))}
+        return bool(self._fits(self._spent() + self.cost(event, count)))
 
     def _refusal(self, event: Event, count: int, spent: Any, cost: Any) -> str:
-        asked = f"{count} x {type(event).__name__}"
-        if self.kind == "pure":
-            left = _dec(self._spec["epsilon"]) - spent
-            return f"refused {asked}: costs epsilon={_show(cost)}, remaining epsilon={_show(left)}"
-        if self.kind == "zcdp":
-            left = _dec(self._spec["rho"]) - spent
-            return f"refused {asked}: costs rho={_show(cost)}, remaining rho={_show(left)}"
+        asked = f"{count} x {type(event).__name__}" if count != 1 else type(event).__name__
+        if self.kind in ("pure", "zcdp"):
+            unit = "epsilon" if self.kind == "pure" else "rho"
+            cap = self._cap()
+            return (
+                f"refused {asked}: it costs {unit}={_show(cost)} but only "
+                f"{unit}={_show(max(cap - spent, Fraction(0)))} of {_show(cap)} remains "
+                f"({_show(spent)} spent)"
+            )
         left = self._limit - spent
         j = int(np.argmax(left - cost))
-        return (
-            f"refused {asked}: no order of the budget grid stays within its limit; closest is "
-            f"order {self._orders[j]:g} where it costs {cost[j]:.6g} but {max(left[j], 0):.6g} "
-            "remains"
+        detail = (
+            f"closest Rényi order {self._orders[j]:g}: costs {cost[j]:.6g}, "
+            f"{max(left[j], 0):.6g} remains"
         )
+        if self.kind == "approx":
+            target = float(self._spec["epsilon"])
+            eps0 = self._epsilon_of(spent)
+            eps1 = self._epsilon_of(spent + cost)
+            return (
+                f"refused {asked}: it would raise epsilon spent from {eps0:.4g} to {eps1:.4g} "
+                f"(costs {eps1 - eps0:.4g}) at delta={self._spec['delta']:g}, but only "
+                f"{max(target - eps0, 0.0):.4g} of epsilon={target:g} remains ({detail})"
+            )
+        return f"refused {asked}: no order of the budget curve stays within its limit ({detail})"
 
     # ------------------------------------------------------------------ queries
-    def _current(self) -> dict[str, Any]:
-        return self._store.transaction(lambda t: t.state()) or self._initial()
-
     def remaining(self) -> Any:
         """What is left: ε (pure), ρ (zCDP) as floats, or per-order RDP budget (an RdpCurve)."""
-        spent = self._spent(self._current())
-        if self.kind == "pure":
-            return float(max(_dec(self._spec["epsilon"]) - spent, Fraction(0)))
-        if self.kind == "zcdp":
-            return float(max(_dec(self._spec["rho"]) - spent, Fraction(0)))
+        spent = self._spent()
+        if self.kind in ("pure", "zcdp"):
+            return float(max(self._cap() - spent, Fraction(0)))
         return RdpCurve(self._orders, np.clip(self._limit - spent, 0.0, None))
 
     def max_count(self, event: Event, *, limit: int = 10**12) -> int:
         """How many more runs of ``event`` fit (e.g. DP-SGD steps of a given configuration)."""
-        spent = self._spent(self._current())
+        spent = self._spent()
+        unit = self.cost(event)
         if self.kind in ("pure", "zcdp"):
-            unit = self.cost(event)
-            cap = _dec(self._spec["epsilon" if self.kind == "pure" else "rho"])
             if unit == 0:
                 return limit
-            k = int((cap - spent) / unit)
+            k = max(int((self._cap() - spent) / unit), 0) if unit < _INF else 0
         else:
-            unit = self.cost(event)
             with np.errstate(divide="ignore", invalid="ignore"):
                 per = np.where(unit > 0, (self._limit - spent) / unit, np.inf)
             best = float(np.max(per))
@@ -402,21 +704,33 @@ class Budget:
         ``budget.largest(lambda e: LaplaceEvent(1 / e), 1e-6, 100)``. None if even ``lo``
         does not fit.
         """
-        if not self.can_spend(build(lo)):
+        spent = self._spent()
+
+        def ok(x: float) -> bool:
+            return self._fits(spent + self.cost(build(x)))
+
+        if not ok(lo):
             return None
-        if self.can_spend(build(hi)):
+        if ok(hi):
             return hi
         while hi - lo > rtol * hi:
             mid = math.sqrt(lo * hi) if lo > 0 else (lo + hi) / 2
-            if self.can_spend(build(mid)):
+            if ok(mid):
                 lo = mid
             else:
                 hi = mid
         return lo
 
     def entries(self) -> list[LedgerEntry]:
-        """Every recorded release, in order."""
-        return self._store.entries()
+        """Every recorded release, in order (verified against the hash chain)."""
+        out: list[LedgerEntry] = []
+
+        def fn(t: Transaction) -> None:
+            self._full_check(t)
+            out.extend(t.entries())
+
+        self._store.read(fn)
+        return out
 
     def events(self) -> list[tuple[Event, int]]:
         """Recorded (event, count) pairs, deserialised."""
@@ -431,34 +745,48 @@ class Budget:
         return acc
 
     def spent_epsilon(self) -> float:
-        """ε spent so far at the budget's δ (approx budgets) or the pure ε spent."""
-        spent = self._spent(self._current())
+        """ε spent so far: the pure ε spent, or for (ε, δ) budgets ε at the budget's δ.
+
+        For (ε, δ) budgets this is Mironov's conversion over the budget's fixed grid of
+        orders: the same bound the filter enforces, so it never exceeds the target.
+        """
+        spent = self._spent()
         if self.kind == "pure":
             return float(spent)
         if self.kind == "approx":
-            from renyi.conversions import rdp_to_dp_mironov
-
-            if not np.any(spent > 0):
-                return 0.0
-            eps, _ = rdp_to_dp_mironov(self._orders, spent, self._spec["delta"])
-            return float(eps)
+            return self._epsilon_of(spent)
         raise PrivacyParameterError(
             f"spent_epsilon is defined for pure and (ε, δ) budgets, not {self.kind}"
         )
 
-    def verify(self) -> bool:
-        """Recompute the spent total from every entry and compare with the stored state.
+    def status(self) -> dict[str, Any]:
+        """The budget in the user's units: what was spent and what is left.
 
-        Returns True when they agree bit for bit; raises LedgerError otherwise.
+        Keys: ``kind``, ``entries``, ``head`` and, by kind, ``epsilon``/``delta`` (the target),
+        ``epsilon_spent``, ``epsilon_remaining`` (pure and (ε, δ)), ``rho``, ``rho_spent``,
+        ``rho_remaining`` (zCDP), ``order`` (the Rényi order giving the (ε, δ) figure) and
+        ``orders_within_budget``.
         """
-        spent = self._spent(self._initial())
-        for event, count in self.events():
-            spent = spent + self.cost(event, count)
-        stored = self._spent(self._current())
-        same = spent == stored if self.kind in ("pure", "zcdp") else np.array_equal(spent, stored)
-        if not same:
-            raise LedgerError("ledger entries do not add up to the stored budget state")
-        return True
+        spent = self._spent()
+        out: dict[str, Any] = {"kind": self.kind, "entries": self._n, "head": self._head}
+        if self.kind in ("pure", "zcdp"):
+            unit = "epsilon" if self.kind == "pure" else "rho"
+            cap = self._cap()
+            out[unit] = float(self._spec[unit])
+            out[f"{unit}_spent"] = float(spent)
+            out[f"{unit}_remaining"] = float(max(cap - spent, Fraction(0)))
+            out[f"{unit}_spent_exact"] = _show(spent)
+            return out
+        summary = self._summary(spent)
+        out["order"] = summary["best_order"]
+        out["orders_within_budget"] = summary["orders_within_budget"]
+        if self.kind == "approx":
+            eps = self._epsilon_of(spent)
+            out["epsilon"] = float(self._spec["epsilon"])
+            out["delta"] = float(self._spec["delta"])
+            out["epsilon_spent"] = eps
+            out["epsilon_remaining"] = max(float(self._spec["epsilon"]) - eps, 0.0)
+        return out
 
 
 def _make_spec(

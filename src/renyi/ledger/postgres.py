@@ -1,0 +1,302 @@
+"""A team ledger on PostgreSQL (psycopg 3): many processes on many machines, one budget.
+
+``PostgresLedgerStore("postgresql://user@host/db")`` keeps the same hash-chained entries as
+the SQLite store in three tables (``renyi_ledger_meta``, ``renyi_ledger_entries``,
+``renyi_ledger_state``) keyed by a ledger name, so one database can hold several budgets
+(``postgresql://host/db#team-a`` names one; the default is ``default``).
+
+Every spend runs in a ``SERIALIZABLE`` transaction that locks the ledger's state row
+(``SELECT ... FOR UPDATE``), verifies the entries appended since it last looked, checks the
+limit and appends; PostgreSQL aborts any transaction whose outcome would differ from some
+serial order, and the store retries those (``serialization_failure``, ``deadlock_detected``)
+with jittered back-off, so concurrent spenders never overspend together. A spend returns
+only after ``COMMIT`` does; the release must come after it.
+
+Install with ``pip install 'renyi[postgres]'``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from renyi.ledger._base import (
+    MAGIC,
+    SCHEMA_VERSION,
+    LedgerEntry,
+    LedgerError,
+    Transaction,
+    dumps,
+    loads,
+)
+
+__all__ = ["PostgresLedgerStore", "is_postgres_url"]
+
+T = TypeVar("T")
+
+_SCHEMA = [
+    "CREATE TABLE IF NOT EXISTS renyi_ledger_meta ("
+    " ledger TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (ledger, key))",
+    "CREATE TABLE IF NOT EXISTS renyi_ledger_entries ("
+    " ledger TEXT NOT NULL, idx BIGINT NOT NULL, time TEXT NOT NULL, event TEXT NOT NULL,"
+    " count BIGINT NOT NULL, cost TEXT NOT NULL, state_after TEXT NOT NULL, label TEXT,"
+    " metadata TEXT NOT NULL, hash TEXT NOT NULL, PRIMARY KEY (ledger, idx))",
+    "CREATE TABLE IF NOT EXISTS renyi_ledger_state ( ledger TEXT PRIMARY KEY, value TEXT NOT NULL)",
+]
+_COLUMNS = "idx, time, event, count, cost, state_after, label, metadata, hash"
+_LOCK_ID = 0x52454E59  # advisory lock serialising schema creation
+
+
+def is_postgres_url(text: str) -> bool:
+    """Whether ``text`` is a PostgreSQL connection URL (``postgresql://`` or ``postgres://``)."""
+    return text.startswith(("postgresql://", "postgres://"))
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, host = netloc.rsplit("@", 1)
+        netloc = f"{user.split(':', 1)[0]}@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+class _PgTxn:
+    def __init__(self, cur: Any, ledger: str, where: str, write: bool) -> None:
+        self._cur = cur
+        self._ledger = ledger
+        self._where = where
+        self._lock = " FOR UPDATE" if write else ""
+
+    def state(self) -> dict[str, Any] | None:
+        self._cur.execute(
+            "SELECT value FROM renyi_ledger_state WHERE ledger = %s" + self._lock, (self._ledger,)
+        )
+        row = self._cur.fetchone()
+        return None if row is None else dict(loads(row[0], f"{self._where}: state row"))
+
+    def entries(self, start: int = 0) -> list[LedgerEntry]:
+        self._cur.execute(
+            f"SELECT {_COLUMNS} FROM renyi_ledger_entries WHERE ledger = %s AND idx >= %s "
+            "ORDER BY idx",
+            (self._ledger, start),
+        )
+        out = []
+        for r in self._cur.fetchall():
+            what = f"{self._where}: entry #{r[0]}"
+            out.append(
+                LedgerEntry(
+                    index=int(r[0]),
+                    time=str(r[1]),
+                    event=loads(r[2], f"{what} (event)"),
+                    count=int(r[3]),
+                    cost=loads(r[4], f"{what} (cost)"),
+                    state_after=loads(r[5], f"{what} (state_after)"),
+                    label=r[6],
+                    metadata=loads(r[7], f"{what} (metadata)"),
+                    hash=str(r[8]),
+                )
+            )
+        return out
+
+    def count_entries(self) -> int:
+        self._cur.execute(
+            "SELECT COUNT(*) FROM renyi_ledger_entries WHERE ledger = %s", (self._ledger,)
+        )
+        return int(self._cur.fetchone()[0])
+
+    def append(self, entry: LedgerEntry, new_state: dict[str, Any]) -> None:
+        self._cur.execute(
+            f"INSERT INTO renyi_ledger_entries (ledger, {_COLUMNS}) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (
+                self._ledger,
+                entry.index,
+                entry.time,
+                dumps(entry.event),
+                entry.count,
+                dumps(entry.cost),
+                dumps(entry.state_after),
+                entry.label,
+                dumps(entry.metadata),
+                entry.hash,
+            ),
+        )
+        self._cur.execute(
+            "UPDATE renyi_ledger_state SET value = %s WHERE ledger = %s",
+            (dumps(new_state), self._ledger),
+        )
+
+
+class PostgresLedgerStore:
+    """A ledger in a PostgreSQL database. See the module docstring.
+
+    Args:
+        url: ``postgresql://[user[:password]@]host[:port]/dbname[?options][#ledger]`` (any
+            libpq URL; ``host=/path`` in the query selects a unix socket directory).
+        ledger: the ledger's name inside the database (overrides a ``#name`` fragment).
+        create: if False, a database without this ledger raises LedgerError at once.
+        timeout: seconds to keep retrying serialisation failures and to wait for a connection.
+    """
+
+    def __init__(
+        self, url: str, *, ledger: str | None = None, create: bool = True, timeout: float = 60.0
+    ) -> None:
+        try:
+            import psycopg
+        except ImportError:
+            raise LedgerError(
+                "a postgresql:// ledger needs psycopg 3: pip install 'renyi[postgres]'"
+            ) from None
+        self._psycopg = psycopg
+        parts = urlsplit(url)
+        self.url = urlunsplit((parts.scheme, parts.netloc, parts.path, parts.query, ""))
+        self.ledger = ledger or parts.fragment or "default"
+        self._timeout = timeout
+        self._local = threading.local()
+        self._where = f"{_redact(self.url)}#{self.ledger}"
+        if not create and self.spec() is None:
+            raise LedgerError(f"no ledger named {self.ledger!r} in {_redact(self.url)}")
+
+    def describe(self) -> str:
+        return self._where
+
+    # -- connections and errors ------------------------------------------------------
+    @contextmanager
+    def _connect(self, action: str) -> Iterator[Any]:
+        """This thread's connection, opened on first use and kept (dropped after an error)."""
+        psycopg = self._psycopg
+        cached = getattr(self._local, "conn", None)
+        if cached is not None and cached[0] == os.getpid() and not cached[1].closed:
+            conn = cached[1]
+        else:
+            try:
+                conn = psycopg.connect(self.url, connect_timeout=max(1, int(self._timeout)))
+            except psycopg.Error as exc:
+                raise LedgerError(f"cannot connect to {self._where} to {action}: {exc}") from None
+            self._local.conn = (os.getpid(), conn)
+        try:
+            yield conn
+        except (psycopg.Error, LedgerError):
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Close this thread's connection (a later call opens a new one)."""
+        cached = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if cached is not None and cached[0] == os.getpid():
+            with contextlib.suppress(Exception):
+                cached[1].close()
+
+    def _run(self, fn: Callable[[Transaction], T], action: str, *, write: bool) -> T:
+        """Run ``fn`` in a SERIALIZABLE transaction, retrying serialisation failures."""
+        psycopg = self._psycopg
+        retry = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
+        deadline = time.monotonic() + self._timeout
+        delay = 0.002
+        with self._connect(action) as conn:
+            conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
+            conn.read_only = not write
+            while True:
+                try:
+                    with conn.transaction(), conn.cursor() as cur:
+                        return fn(_PgTxn(cur, self.ledger, self._where, write))
+                except retry:
+                    if time.monotonic() > deadline:
+                        raise LedgerError(
+                            f"{self._where}: could not {action}: the database kept aborting "
+                            f"the transaction for {self._timeout:g} s of contention "
+                            "(nothing was recorded)"
+                        ) from None
+                    time.sleep(delay * (1 + random.random()))
+                    delay = min(delay * 2, 0.2)
+                except psycopg.errors.UndefinedTable:
+                    raise LedgerError(f"no ledger tables in {_redact(self.url)}") from None
+                except psycopg.Error as exc:
+                    raise LedgerError(
+                        f"{self._where}: could not {action} (nothing was recorded): {exc}"
+                    ) from None
+
+    # -- LedgerStore -----------------------------------------------------------------
+    def initialise(self, spec: dict[str, Any], state: dict[str, Any]) -> bool:
+        psycopg = self._psycopg
+        with self._connect("create the ledger") as conn:
+            try:
+                conn.isolation_level = None
+                conn.read_only = False
+                with conn.transaction(), conn.cursor() as cur:
+                    cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_ID,))
+                    for stmt in _SCHEMA:
+                        cur.execute(stmt)
+                    cur.execute(
+                        "SELECT key, value FROM renyi_ledger_meta WHERE ledger = %s",
+                        (self.ledger,),
+                    )
+                    meta = dict(cur.fetchall())
+                    if meta:
+                        if meta.get("magic") != MAGIC:
+                            raise LedgerError(f"{self._where} is not a renyi ledger")
+                        if meta.get("schema_version") != str(SCHEMA_VERSION):
+                            raise LedgerError(
+                                f"{self._where}: unsupported ledger schema "
+                                f"{meta.get('schema_version')!r}"
+                            )
+                        held = loads(meta.get("budget", "null"), f"{self._where}: budget")
+                        if held != spec:
+                            raise LedgerError(
+                                f"{self._where} already holds a different budget: "
+                                f"{meta.get('budget')}"
+                            )
+                        return False
+                    cur.executemany(
+                        "INSERT INTO renyi_ledger_meta (ledger, key, value) VALUES (%s, %s, %s)",
+                        [
+                            (self.ledger, "magic", MAGIC),
+                            (self.ledger, "schema_version", str(SCHEMA_VERSION)),
+                            (self.ledger, "budget", dumps(spec)),
+                        ],
+                    )
+                    cur.execute(
+                        "INSERT INTO renyi_ledger_state (ledger, value) VALUES (%s, %s)",
+                        (self.ledger, dumps(state)),
+                    )
+                    return True
+            except psycopg.Error as exc:
+                raise LedgerError(f"{self._where}: could not create the ledger: {exc}") from None
+
+    def spec(self) -> dict[str, Any] | None:
+        def fn(t: Transaction) -> dict[str, Any] | None:
+            cur = t._cur  # type: ignore[attr-defined]
+            cur.execute(
+                "SELECT to_regclass('renyi_ledger_meta') IS NOT NULL",
+            )
+            if not cur.fetchone()[0]:
+                return None
+            cur.execute(
+                "SELECT key, value FROM renyi_ledger_meta WHERE ledger = %s", (self.ledger,)
+            )
+            meta = dict(cur.fetchall())
+            if not meta:
+                return None
+            if meta.get("magic") != MAGIC or meta.get("schema_version") != str(SCHEMA_VERSION):
+                raise LedgerError(f"{self._where} is not a renyi ledger of this version")
+            return dict(loads(meta["budget"], f"{self._where}: budget"))
+
+        return self._run(fn, "read the ledger", write=False)
+
+    def entries(self) -> list[LedgerEntry]:
+        return self.read(lambda t: t.entries())
+
+    def read(self, fn: Callable[[Transaction], T]) -> T:
+        return self._run(fn, "read the ledger", write=False)
+
+    def transaction(self, fn: Callable[[Transaction], T]) -> T:
+        return self._run(fn, "record the release", write=True)
