@@ -414,3 +414,43 @@ def test_bad_inputs():
         gopa_mu([(0, 1)], -1.0, 1.0, parties=3)
     with pytest.raises(PrivacyParameterError, match="honest_fraction"):
         calibrate_gopa(100, 0.0, 1.0, 1e-5)
+
+
+def test_targeted_coalition_reports_the_worst_honest_party():
+    """A coalition built around one target, not a random honest set (issue: K = 1000,
+    rho = 0.5 calibrated, 32 parties around one target leave it at local-DP level)."""
+    from renyi.federated.gopa import gopa_targeted
+
+    rng = np.random.default_rng(21)
+    k, m = 40, 3
+    edges = random_peer_graph(k, m, rng)
+    distinct = [len(set(edges[(edges == u).any(axis=1)].ravel().tolist()) - {u}) for u in range(k)]
+    # enough corrupted parties to surround the least connected party: exact local level
+    t = gopa_targeted(edges, 0.5, 20.0, parties=k, coalition_size=min(distinct))
+    assert t.isolated and t.mu == 2.0 and t.epsilon(1e-5) > 8
+    # fewer: the reported mu is the exact value for the attacked target (numpy inverse)
+    c = min(distinct) - 1
+    t = gopa_targeted(edges, 0.5, 20.0, parties=k, coalition_size=c, candidates=4)
+    assert not t.isolated and t.mu <= t.bound_mu
+    from scipy.sparse.csgraph import breadth_first_order
+
+    adj = np.zeros((k, k))
+    for a, b in edges.tolist():
+        adj[a, b] = adj[b, a] = 1
+    order = breadth_first_order(adj, t.target, directed=False)[0]
+    honest = np.setdiff1d(np.arange(k), order[1 : c + 1])
+    hset = set(honest.tolist())
+    lap = np.zeros((k, k))
+    for a, b in edges.tolist():
+        if a in hset and b in hset:  # edges to the coalition are known to it
+            lap[a, a] += 1
+            lap[b, b] += 1
+            lap[a, b] -= 1
+            lap[b, a] -= 1
+    sub = 0.25 * np.eye(honest.size) + 400.0 * lap[np.ix_(honest, honest)]
+    p = int(np.searchsorted(honest, t.target))
+    exact = np.linalg.inv(sub)[p, p]
+    assert t.mu == pytest.approx(math.sqrt(exact), rel=1e-9)
+    # and it is far worse than the random-honest-set figure for the same coalition size
+    random_set = gopa_mu(edges, 0.5, 20.0, parties=k, honest=np.arange(c, k))
+    assert t.mu > random_set.mu

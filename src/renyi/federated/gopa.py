@@ -76,9 +76,11 @@ __all__ = [
     "GopaResult",
     "GopaSession",
     "ProtocolAbortedError",
+    "TargetedCoalition",
     "calibrate_gopa",
     "gopa_mu",
     "gopa_mu_complete",
+    "gopa_targeted",
     "random_peer_graph",
     "recommended_peers",
     "simulate_gopa_std",
@@ -412,6 +414,88 @@ def gopa_mu(
         sigma_delta=sd,
         method=chosen,
     )
+
+
+@dataclass(frozen=True)
+class TargetedCoalition:
+    """A coalition chosen *knowing the graph* to expose one target (worst honest party).
+
+    ``mu`` is the exact GDP parameter of ``target`` against the coalition of its
+    ``coalition_size`` nearest parties (breadth-first from the target); it is attained by
+    that coalition, so the worst case over all coalitions of that size is at least ``mu``
+    and at most ``bound_mu = 1 / sigma_eta`` (``Sigma >= sigma_eta² I``). ``isolated``: some
+    party has at most ``coalition_size`` distinct neighbours, so the coalition can cut it
+    off and ``mu == bound_mu`` exactly.
+    """
+
+    mu: float
+    target: int
+    coalition_size: int
+    isolated: bool
+    bound_mu: float
+    evaluated_targets: tuple[int, ...]
+
+    def epsilon(self, delta: float) -> float:
+        return math.inf if math.isinf(self.mu) else gaussian_epsilon(self.mu, delta)
+
+
+def gopa_targeted(
+    edges: ArrayLike,
+    sigma_eta: float,
+    sigma_delta: float,
+    *,
+    parties: int,
+    coalition_size: int,
+    candidates: int = 8,
+) -> TargetedCoalition:
+    """Worst honest party when the server and ``coalition_size`` parties target it.
+
+    Random honest sets (:func:`calibrate_gopa`) say nothing about a coalition that picks
+    the parties around one target. If some party has at most ``coalition_size`` distinct
+    neighbours the coalition isolates it: ``mu = 1/sigma_eta`` exactly (the party's message
+    is ``X_u + eta_u`` plus known terms). Otherwise the ``candidates`` parties with the
+    fewest distinct neighbours are attacked by their breadth-first nearest coalition and
+    the largest exact ``mu`` is reported (attained; the bound ``1/sigma_eta`` still holds).
+
+    >>> e = random_peer_graph(50, 3, np.random.default_rng(0))
+    >>> t = gopa_targeted(e, 1.0, 10.0, parties=50, coalition_size=40)
+    >>> t.isolated and t.mu == 1.0
+    True
+    """
+    k = check_int("parties", parties, 2)
+    e = _check_edges(edges, k)
+    se = check_positive("sigma_eta", sigma_eta)
+    sd = check_nonnegative("sigma_delta", sigma_delta)
+    c = check_int("coalition_size", coalition_size, 0)
+    if c > k - 1:
+        raise fail("coalition_size", c, f"at most parties - 1 = {k - 1}")
+    n_cand = check_int("candidates", candidates, 1)
+    adj = scipy.sparse.coo_matrix(
+        (np.ones(2 * e.shape[0]), (np.r_[e[:, 0], e[:, 1]], np.r_[e[:, 1], e[:, 0]])),
+        shape=(k, k),
+    ).tocsr()
+    adj.sum_duplicates()
+    distinct = np.diff(adj.indptr)
+    bound = 1.0 / se
+    order = np.argsort(distinct, kind="stable")
+    if distinct[order[0]] <= c:
+        u = int(order[0])
+        return TargetedCoalition(bound, u, c, True, bound, (u,))
+    best_mu, best_u = -1.0, int(order[0])
+    tried = tuple(int(u) for u in order[:n_cand])
+    for u in tried:
+        dist = scipy.sparse.csgraph.breadth_first_order(adj, u, directed=False)[0]
+        coalition = [int(v) for v in dist[1 : c + 1]]
+        honest = np.ones(k, dtype=bool)
+        honest[coalition] = False
+        idx = np.flatnonzero(honest)
+        lap = _honest_laplacian(e, idx, k)
+        sigma = (se * se * scipy.sparse.identity(idx.size, format="csr") + (sd * sd) * lap).tocsr()
+        pos = int(np.searchsorted(idx, u))
+        mu2 = float(_inverse_diagonal_bound(sigma, se * se)[pos])
+        if mu2 > best_mu:
+            best_mu, best_u = mu2, u
+    return TargetedCoalition(min(math.sqrt(best_mu), bound), best_u, c, False, bound, tried)
 
 
 # --------------------------------------------------------------------------- calibration
