@@ -393,3 +393,24 @@ def test_oracle_banded_optimum(jp):
     loss_ours = toeplitz_loss(ours.coefficients, t)
     loss_theirs = toeplitz_loss(theirs, t)
     assert loss_ours <= loss_theirs * 1.001
+
+
+# ------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_correlated_table_and_json(capsys):
+    import json
+
+    from renyi.cli.main import main
+
+    assert main(["correlated", "--steps", "32", "--strategy", "dpsgd", "blt", "--bands", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "dpsgd" in out and "blt" in out and "rmse" in out
+    assert main(["correlated", "--steps", "16", "--min-sep", "4", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    rows = {r["strategy"]: r for r in data["rows"]}
+    assert set(rows) == {"dpsgd", "tree", "honaker", "banded", "blt", "dense"}
+    assert rows["dpsgd"]["sensitivity"] == pytest.approx(2.0)  # √k, k = 4
+    assert rows["dpsgd"]["rmse"] == pytest.approx(2.0 * math.sqrt(np.mean(np.arange(1, 17))))
+    assert main(["correlated", "--steps", "0"]) == 2
+    assert "steps=0" in capsys.readouterr().err

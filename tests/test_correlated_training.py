@@ -241,3 +241,20 @@ def test_budget_gate_at_round_starts_and_validation():
             steps=9,
             noise="gaussian",  # type: ignore[arg-type]
         )
+
+
+def test_cli_train_correlated_json(capsys):
+    import json
+
+    from renyi.cli.main import main
+
+    code = main(
+        ["train", "--noise", "banded", "--bands", "2", "--epsilon", "4", "--epochs", "1",
+         "--limit", "300", "--seed", "0", "--no-baseline", "--no-progress", "--json"]
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["epsilon"] <= 4.0 and 0.0 <= data["accuracy"] <= 1.0
+    assert data["noise"]["kind"] == "banded" and data["noise"]["analysis"] == "amplified"
+    assert data["noise"]["partitions"] == 2
+    assert main(["train", "--noise", "blt", "--sampling", "fixed-size", "--json"]) == 2

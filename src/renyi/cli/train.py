@@ -100,6 +100,15 @@ def register(sub: Any) -> None:
         "replacement (replace-one neighbours)",
     )
     p.add_argument(
+        "--noise",
+        choices=("dpsgd", "tree", "banded", "blt"),
+        default="dpsgd",
+        help="dpsgd (independent noise, default) or correlated noise: tree (DP-FTRL), "
+        "banded (amplified banded MF) or blt (renyi.dpsgd.correlated)",
+    )
+    p.add_argument("--bands", type=int, help="bands (= partitions) of --noise banded (default 4)")
+    p.add_argument("--buffers", type=int, default=3, help="buffers of --noise blt (default 3)")
+    p.add_argument(
         "--seed",
         type=int,
         help="seed for reproducible runs (NOT private: the noise becomes predictable)",
@@ -197,20 +206,44 @@ def _run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         if args.json:
             warnings.simplefilter("ignore", InsecureRandomnessWarning)
-        private = make_private(
-            model,
-            torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum),
-            train,
-            loss_fn=torch.nn.CrossEntropyLoss(),
-            target_epsilon=args.epsilon,
-            delta=args.delta,
-            epochs=epochs,
-            batch_size=batch,
-            max_grad_norm=clip,
-            accountant=accountant,
-            sampling=sampling,
-            seed=args.seed,
-        )
+        if args.noise == "dpsgd":
+            private = make_private(
+                model,
+                torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum),
+                train,
+                loss_fn=torch.nn.CrossEntropyLoss(),
+                target_epsilon=args.epsilon,
+                delta=args.delta,
+                epochs=epochs,
+                batch_size=batch,
+                max_grad_norm=clip,
+                accountant=accountant,
+                sampling=sampling,
+                seed=args.seed,
+            )
+        else:
+            from renyi.dpsgd.correlated import make_private_correlated
+
+            if sampling != "poisson":
+                from renyi._validation import fail
+
+                raise fail("--sampling", args.sampling, "poisson with --noise " + args.noise)
+            private = make_private_correlated(
+                model,
+                torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum),
+                train,
+                loss_fn=torch.nn.CrossEntropyLoss(),
+                target_epsilon=args.epsilon,
+                delta=args.delta,
+                epochs=epochs,
+                batch_size=batch,
+                max_grad_norm=clip,
+                accountant=accountant,
+                seed=args.seed,
+                noise=args.noise,
+                bands=args.bands,
+                buffers=args.buffers,
+            )
     trainer = Trainer(private, eval_data=test, progress=not (args.no_progress or args.json))
     history = trainer.fit()
     private_loss, private_acc = evaluate(model, test)
@@ -235,16 +268,31 @@ def _run(args: argparse.Namespace) -> int:
     from renyi.accountants import make_accountant
 
     event = private.optimizer.event
+    plan = private.extra.get("plan")  # correlated noise: the event is charged once per round
+
+    def charged(t: int) -> int:
+        return t if plan is None else min(plan.charges, -(-t // plan.round_length))
+
     names = [name for name in _accountant_names() if make_accountant(name).supports(event)]
     per_accountant: dict[str, float] = {}
     for name in names:
-        per_accountant[name] = spent_epsilon_curve(event, [steps], args.delta, name)[0]
+        per_accountant[name] = spent_epsilon_curve(event, [charged(steps)], args.delta, name)[0]
     curves: dict[str, list[float]] = {}
     grid = sorted({max(1, round(steps * k / 20)) for k in range(1, 21)})
     if args.plot:
         for name in names:
-            curves[name] = spent_epsilon_curve(event, grid, args.delta, name)
+            curves[name] = spent_epsilon_curve(event, [charged(t) for t in grid], args.delta, name)
         _plot(args.plot, grid, curves, args, private)
+    noise: dict[str, Any] = {"kind": args.noise}
+    if plan is not None:
+        noise.update(
+            strategy=private.extra["strategy"].to_dict(),
+            analysis=plan.analysis,
+            partitions=plan.partitions,
+            sample_rate_in_partition=plan.sample_rate,
+            sensitivity=plan.sensitivity.value,
+            charges=plan.charges,
+        )
 
     summary: dict[str, Any] = {
         "dataset": args.dataset,
@@ -262,6 +310,9 @@ def _run(args: argparse.Namespace) -> int:
         "steps_note": private.steps_note,
         "neighbouring": private.neighbouring,
         "sampling": sampling,
+        "epsilon": per_accountant.get(accountant, min(per_accountant.values(), default=None)),
+        "accuracy": private_acc,
+        "noise": noise,
         "epsilon_spent": per_accountant,
         "private_accuracy": private_acc,
         "private_test_loss": private_loss,

@@ -178,15 +178,16 @@ def optimize_banded(
             return 1e300, np.zeros_like(x)
         return value, grad[1:]
 
-    res = scipy.optimize.minimize(
-        fun,
-        init[1:],
-        jac=True,
-        method="L-BFGS-B",
-        bounds=[(0.0, 1.0)] * (b - 1),
-        options={"maxiter": maxiter},
-    )
-    best = res.x if fun(res.x)[0] <= fun(init[1:])[0] else init[1:]
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        res = scipy.optimize.minimize(
+            fun,
+            init[1:],
+            jac=True,
+            method="L-BFGS-B",
+            bounds=[(0.0, 1.0)] * (b - 1),
+            options={"maxiter": maxiter},
+        )
+        best = res.x if fun(res.x)[0] <= fun(init[1:])[0] else init[1:]
     return BandedToeplitzStrategy((1.0, *(float(x) for x in best)))
 
 
@@ -229,14 +230,20 @@ def optimize_blt(
         value = err * sens
         return math.log(value) if math.isfinite(value) and value > 0 else 1e30
 
-    # θ spread over time scales from a few steps to ~T; small ω (C near the identity)
-    scales = np.geomspace(2.0, max(4.0, float(t)), d)
-    th0 = 1.0 - 1.0 / scales
-    om0 = np.full(d, 0.3 / d)
-    x0 = np.concatenate([scipy.special.logit(th0), np.log(om0)])
-    res = scipy.optimize.minimize(fun, x0, method="L-BFGS-B", options={"maxiter": maxiter})
-    x = res.x if res.fun <= fun(x0) else x0
-    th, om = _blt_params(x)
+    # starts: θ spread over time scales from a few steps to ~T (or to ~min_sep), small ω
+    best_x, best = np.zeros(0), math.inf
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        for longest, weight in ((float(t), 0.3), (float(min(sep, t)), 0.3), (float(t), 0.05)):
+            scales = np.geomspace(2.0, max(4.0, longest), d)
+            x0 = np.concatenate(
+                [scipy.special.logit(1.0 - 1.0 / scales), np.log(np.full(d, weight / d))]
+            )
+            res = scipy.optimize.minimize(fun, x0, method="L-BFGS-B", options={"maxiter": maxiter})
+            for x in (res.x, x0):
+                value = fun(x)
+                if value < best:
+                    best_x, best = x, value
+    th, om = _blt_params(best_x)
     return BltStrategy(tuple(float(v) for v in th.clip(0.0, 1 - 1e-12)), tuple(map(float, om)))
 
 
