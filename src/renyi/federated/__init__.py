@@ -1,9 +1,14 @@
 """Learning without a trusted curator: DP aggregation, GOPA, network DP and DP-FedAvg.
 
 * :mod:`renyi.federated.aggregation`: central vs local DP averaging (the sqrt(K) gap);
-* :mod:`renyi.federated.channels`: X25519 + ChaCha20-Poly1305 channels and keyed noise;
-* :mod:`renyi.federated.gopa`: the GOPA protocol (Sabater, Bellet & Ramon 2022) and its exact
-  Gaussian accounting for a given communication graph and honest set;
+* :mod:`renyi.federated.channels`: authenticated channels (Ed25519 roster, signed ephemeral
+  X25519, HKDF key schedule, ChaCha20-Poly1305) and keyed noise;
+* :mod:`renyi.federated.gopa_party`: GOPA's per-party API (a party holds only its own value
+  and key) and the server's checks;
+* :mod:`renyi.federated.gopa`: the GOPA protocol (Sabater, Bellet & Ramon 2022) run in one
+  process, and its exact Gaussian accounting for a given graph, honest set or coalition;
+* :mod:`renyi.federated.gopa_flower`: GOPA parties as Flower SuperNodes (optional ``flwr``);
+* :mod:`renyi.federated.ddg`: distributed discrete Gaussian under secure aggregation;
 * :mod:`renyi.federated.network`: network DP for random-walk DP-SGD (Cyffers & Bellet 2022);
 * :mod:`renyi.federated.fedavg`: client-level DP-FedAvg with fixed or adaptive clipping;
 * :mod:`renyi.federated.flower`: DP-FedAvg as a Flower strategy (optional ``flwr``);
