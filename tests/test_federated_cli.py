@@ -76,3 +76,23 @@ def test_bad_argument_is_a_clean_error(capsys):
     assert main(["federated", "aggregate", "--parties", "1000", "--epsilon", "-1",
                  "--delta", "1e-5"]) == 2  # fmt: skip
     assert "epsilon=-1" in capsys.readouterr().err
+
+
+def test_aggregate_reports_targeted_coalition(capsys):
+    d = _json(
+        capsys,
+        ["federated", "aggregate", "--parties", "200", "--epsilon", "1", "--delta", "1e-5",
+         "--honest", "0.5", "--seed", "2", "--json"],
+    )  # fmt: skip
+    t = d["gopa"]["targeted"]
+    assert t["coalition_size"] == 100 and t["isolated"]
+    assert t["mu"] == pytest.approx(1 / d["gopa"]["sigma_eta"], rel=1e-12)
+    assert t["epsilon"] > 10 * d["gopa"]["epsilon_achieved"]
+
+
+def test_gopa_run_bad_arguments_are_clean_errors(capsys):
+    pytest.importorskip("flwr")
+    assert main(["federated", "gopa-run", "--parties", "1"]) == 2
+    assert "parties=1" in capsys.readouterr().err
+    assert main(["federated", "gopa-run", "--parties", "5", "--honest", "2"]) == 2
+    assert "honest_fraction" in capsys.readouterr().err
