@@ -171,6 +171,13 @@ def test_truncated_poisson_not_below_dp_accounting() -> None:
     pois = RdpAccountant().compose(PoissonSampledEvent(q, GaussianEvent(sigma)), steps)
     assert ours >= theirs * (1 - 1e-3)
     assert ours >= pois.epsilon(1e-5).epsilon
+    # the PLD path (branch-revealed mixture) is as tight as dp_accounting's
+    ours_pld = epsilon_report(
+        SelfComposedEvent(TruncatedPoissonSampledEvent(n, q, b, GaussianEvent(sigma)), steps),
+        delta=1e-5,
+        accountants=["pld"],
+    ).best().epsilon
+    assert theirs * (1 - 2e-3) <= ours_pld <= theirs * 1.02
     # a larger cap never costs more (the RDP mixture bound is loose: see docs/subsampling.md)
     caps = [
         RdpAccountant()
@@ -183,6 +190,19 @@ def test_truncated_poisson_not_below_dp_accounting() -> None:
     ]
     assert caps == sorted(caps, reverse=True)
     assert caps[-1] == pois.epsilon(1e-5).epsilon
+
+
+def test_mixture_pld_single_branch_is_the_subsampled_gaussian() -> None:
+    from renyi.pld import PrivacyLossDistribution
+    from renyi.sampled_pld import mixture_pld
+
+    q, sigma, steps = 0.01, 1.0, 300
+    for direction in ("remove", "add"):
+        ours = mixture_pld([(1.0, q, 1.0, sigma)], direction).self_compose(steps)
+        ref = PrivacyLossDistribution.subsampled_gaussian(q, sigma, direction=direction)
+        a = ours.epsilon_for_delta(1e-6)
+        b = ref.self_compose(steps).epsilon_for_delta(1e-6)
+        assert a.upper >= b.lower and abs(a.upper / b.upper - 1) < 1e-4
 
 
 # ------------------------------------------------------------------ shuffling

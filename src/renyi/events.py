@@ -849,6 +849,34 @@ class TruncatedPoissonSampledEvent(Event):
             orders,
         )
 
+    def pld_pair(
+        self, *, value_discretization_interval: float, tail_mass: float, max_bins: int
+    ) -> PldPair:
+        """Branch-revealed mixture (:func:`renyi.sampled_pld.mixture_pld`): with probability
+        ``1 - p`` the Poisson-subsampled Gaussian, with ``p`` (the larger truncation
+        probability of the two neighbours) the one with a shift of 2C. Rate ``q`` in both:
+        the second branch then dominates the first (a Gaussian location experiment with a
+        larger shift is Blackwell-sufficient for a smaller one), so the larger ``p`` covers
+        both neighbours; ``q`` also covers the true ``q B/(j+1)``."""
+        inner = _gaussian_inner(self.event, "truncated Poisson sampling")
+        q = self.sampling_rate
+        p = subsampling.truncation_probability(self.dataset_size, q, self.max_batch_size)
+        if p == 0.0 or q == 0.0:
+            return PoissonSampledEvent(q, inner).pld_pair(
+                value_discretization_interval=value_discretization_interval,
+                tail_mass=tail_mass,
+                max_bins=max_bins,
+            )
+        from renyi.sampled_pld import mixture_pld
+
+        sigma = inner.noise_multiplier
+        branches = [(1.0 - p, q, 1.0, sigma), (p, q, 2.0, sigma)]
+        kw = {
+            "value_discretization_interval": value_discretization_interval,
+            "tail_mass": tail_mass,
+        }
+        return mixture_pld(branches, "remove", **kw), mixture_pld(branches, "add", **kw)
+
     def zcdp_rho(self) -> float:
         # No amplification in zCDP; a truncated batch can move the sum by 2C (ρ times 4).
         if self.sampling_rate == 0.0:
