@@ -151,3 +151,106 @@ def test_server_sees_only_the_sum() -> None:
 def test_substituted_key_is_detected_before_sending() -> None:
     with pytest.raises(KeySubstitutionError, match="pinned"):
         _run(4, 10, seed=5, swap=True)
+
+
+def _client_process(conn, name: str, key: bytes, roster_json: str, update, seed: int) -> None:
+    """One DDG participant in its own process: it holds only its update and key."""
+    import warnings as w
+
+    import numpy as np_
+
+    from renyi.errors import InsecureRandomnessWarning as Iw
+    from renyi.federated.channels import IdentityKey as Ik
+    from renyi.federated.channels import Roster as Ro
+    from renyi.federated.ddg import DdgClient as Dc
+
+    w.simplefilter("ignore", Iw)
+    client = Dc(
+        Ik.from_private_bytes(name, key),
+        Ro.from_json(roster_json),
+        update,
+        clip_norm=1.0,
+        gamma=1e-3,
+        local_sigma=30.0,
+        rng=np_.random.default_rng(seed),
+    )
+    conn.send(client.join(conn.recv()).to_bytes())
+    try:
+        conn.send(client.masked(conn.recv()).tobytes())
+    except Exception as exc:  # the refusal reason goes back instead of a vector
+        conn.send(f"abort: {type(exc).__name__}: {exc}")
+    conn.close()
+
+
+@pytest.mark.parametrize("swap", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_ddg_secure_aggregation_across_processes(swap: bool) -> None:
+    """Participants are separate processes talking to the server over pipes; the server
+    receives only masked vectors and releases their exact sum (or, with a relay swapping a
+    key, every neighbour of the victim refuses before sending a vector)."""
+    import multiprocessing as mp
+
+    n, d = 4, 50
+    rng = np.random.default_rng(8)
+    updates = rng.normal(size=(n, d)) * 0.05
+    ids = [IdentityKey(f"c{i}") for i in range(n)]
+    roster = Roster.of(ids)
+    ctx = mp.get_context("spawn")
+    pipes, procs = [], []
+    for i, ident in enumerate(ids):
+        here, there = ctx.Pipe()
+        p = ctx.Process(
+            target=_client_process,
+            args=(there, ident.name, ident.private_bytes(), roster.to_json(), updates[i], 100 + i),
+        )
+        p.start()
+        pipes.append(here)
+        procs.append(p)
+    try:
+        sid = bytes(range(16))
+        for c in pipes:
+            c.send(sid)
+        directory = {ident.name: c.recv() for ident, c in zip(ids, pipes, strict=True)}
+        if swap:  # the relay substitutes c1's key with one it signed itself
+            mallory = IdentityKey("c1")
+            fake = EphemeralSession(mallory, Roster.of([mallory]), sid).advertisement()
+            directory["c1"] = fake.to_bytes()
+        for c in pipes:
+            c.send(directory)
+        replies = {ident.name: c.recv() for ident, c in zip(ids, pipes, strict=True)}
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    if swap:
+        refused = [k for k, v in replies.items() if isinstance(v, str)]
+        assert set(refused) >= {"c0", "c2", "c3"}  # everyone who checked c1's key
+        assert all("pinned" in replies[k] for k in refused if k != "c1")
+        return
+    masked = {k: np.frombuffer(v, dtype=np.uint64).copy() for k, v in replies.items()}
+    server = DdgServer(
+        [i.name for i in ids], clip_norm=1.0, gamma=1e-3, local_sigma=30.0, dimension=d
+    )
+    avg = server.aggregate(masked)
+    # the same participants recomputed in this process (same seeds): the exact sum
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureRandomnessWarning)
+        twins = [
+            DdgClient(
+                ids[i],
+                roster,
+                updates[i],
+                clip_norm=1.0,
+                gamma=1e-3,
+                local_sigma=30.0,
+                rng=np.random.default_rng(100 + i),
+            )
+            for i in range(n)
+        ]
+        tdir = {t.name: t.join(bytes(16)).to_bytes() for t in twins}
+        for t in twins:
+            t.masked(tdir)
+    encoded = np.stack([t.encoded for t in twins])
+    np.testing.assert_array_equal(avg, encoded.sum(axis=0) * 1e-3 / n)
+    for i, ident in enumerate(ids):  # no single message reveals its participant's encoding
+        assert not np.array_equal(masked[ident.name], twins[i].encoded.view(np.uint64))
