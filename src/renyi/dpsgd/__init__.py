@@ -17,6 +17,7 @@ from renyi.dpsgd.grad_sample import (
     check_model,
     per_example_grads,
 )
+from renyi.dpsgd.independence import ExampleMixingError
 from renyi.dpsgd.optimizer import (
     DPOptimizer,
     NonFiniteLossError,
@@ -30,6 +31,7 @@ from renyi.dpsgd.privacy import (
     make_private,
     private_data_loader,
 )
+from renyi.dpsgd.registry import register_grad_sampler, unregister_grad_sampler
 from renyi.dpsgd.sampler import (
     BallsInBinsSampler,
     FixedSizeSampler,
@@ -50,6 +52,7 @@ __all__ = [
     "DPOptimizer",
     "DatasetNotFoundError",
     "EmptyBatchCollate",
+    "ExampleMixingError",
     "FixedSizeSampler",
     "NonFiniteGradientError",
     "NonFiniteLossError",
@@ -74,5 +77,7 @@ __all__ = [
     "make_private_correlated",
     "per_example_grads",
     "private_data_loader",
+    "register_grad_sampler",
     "supports_ghost",
+    "unregister_grad_sampler",
 ]

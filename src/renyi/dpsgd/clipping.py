@@ -36,7 +36,9 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import torch
@@ -44,7 +46,15 @@ from torch import Tensor, nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from renyi._validation import check_int, check_positive, fail
-from renyi.dpsgd.ghost import LayerGrads, PerExampleGrads, ghost_layer_grads, supports_ghost
+from renyi.dpsgd.decomposed import DECOMPOSED_LAYER_TYPES, Recorder, supports_decomposed
+from renyi.dpsgd.ghost import (
+    LayerGrads,
+    LinearMapGrads,
+    PerExampleGrads,
+    compute_dtype,
+    ghost_layer_grads,
+    supports_ghost,
+)
 from renyi.dpsgd.grad_sample import (
     Inputs,
     LossFn,
@@ -58,6 +68,16 @@ from renyi.dpsgd.grad_sample import (
     per_example_losses,
     trainable_parameters,
 )
+from renyi.dpsgd.independence import (
+    CheckSchedule,
+    ExampleMixingError,
+    autocast_enabled,
+    check_conditions,
+    compare_example_grads,
+    locate_mixing,
+    tolerance_for,
+)
+from renyi.dpsgd.registry import apply_rule, rule_for, verify_rule
 
 __all__ = ["CLIP_MARGIN", "ClippedGradientEngine", "clipping_weights"]
 
@@ -118,12 +138,61 @@ class _NotBatchFirstError(UnsupportedModelError):
     then switches to whole-model vmap)."""
 
 
-class _Layer:
-    """A module owning trainable parameters, and how its per-example gradients are obtained."""
+#: How a layer's per-example gradients are obtained.
+LayerKind = Literal["ghost", "decomposed", "rule", "vmap"]
 
-    def __init__(self, name: str, module: nn.Module, local: list[str], ghost: bool) -> None:
-        self.name, self.module, self.local, self.ghost = name, module, local, ghost
+
+class _Layer:
+    """A module owning trainable parameters, and how its per-example gradients are obtained:
+    a ghost rule, a decomposed forward (RNNs, attention; the module's children's parameters
+    included), a registered user rule, or per-layer ``vmap``."""
+
+    def __init__(self, name: str, module: nn.Module, local: list[str], kind: LayerKind) -> None:
+        self.name, self.module, self.local, self.kind = name, module, local, kind
+        self.ghost = kind != "vmap"
         self.full = [f"{name}.{n}" if name else n for n in local]
+
+
+class _Recording:
+    """What one forward pass leaves for the per-example computation.
+
+    ``records[layer]``: the hooked calls ``(args, kwargs, slots)``; ``recorders[layer]``: the
+    affine maps of decomposed layers. Every layer output that requires grad gets a *slot*;
+    its gradient ``dL/dy`` (``L`` = sum of per-example losses) arrives in ``grads[slot]``,
+    either from ``torch.autograd.grad`` to the recorded gradient edges (the engine's own
+    backward) or from tensor hooks during the user's ``loss.backward()`` (capture mode).
+    """
+
+    def __init__(self, layers: Mapping[str, _Layer], hooks: bool) -> None:
+        self.hooks = hooks
+        self.records: dict[str, list[tuple[tuple[Any, ...], dict[str, Any], list[int | None]]]] = {
+            n: [] for n, lay in layers.items() if lay.kind != "decomposed"
+        }
+        self.recorders = {
+            n: Recorder(self.register) for n, lay in layers.items() if lay.kind == "decomposed"
+        }
+        self.versions: list[tuple[str, Tensor, int]] = []
+        self.edges: list[GradientEdge] = []
+        self.grads: list[Tensor | None] = []
+        self.backward_seen = False
+
+    def register(self, t: Tensor) -> int:
+        slot = len(self.grads)
+        self.grads.append(None)
+        if self.hooks:
+
+            def hook(g: Tensor) -> None:
+                self.backward_seen = True
+                old = self.grads[slot]
+                self.grads[slot] = g if old is None else old + g
+
+            t.register_hook(hook)
+        else:
+            self.edges.append(get_gradient_edge(t))
+        return slot
+
+    def grad(self, slot: int | None) -> Tensor | None:
+        return None if slot is None else self.grads[slot]
 
 
 class ClippedGradientEngine:
@@ -136,28 +205,43 @@ class ClippedGradientEngine:
     DP-SGD is calibrated to (Abadi et al. 2016, Algorithm 1 and Theorem 1).
 
     The model is checked before any step (:func:`renyi.dpsgd.grad_sample.check_model`): layers
-    that mix examples (BatchNorm, InstanceNorm with running statistics, ...) are refused.
+    known to mix examples (BatchNorm, InstanceNorm with running statistics, ...) are refused.
 
     Modes (``mode=``):
 
-    * ``"ghost"``: every layer with trainable parameters has a ghost-norm rule
-      (:data:`renyi.dpsgd.ghost.GHOST_LAYER_TYPES`); one forward and one backward pass to the
-      layer outputs give activations and output gradients, from which the norms and the
-      clipped sum are computed layer by layer (Li et al. 2022; Bu et al. 2023 book-keeping).
-      Per-example gradients of the whole model never exist at once.
+    * ``"ghost"``: every layer with trainable parameters has a rule: a ghost-norm rule
+      (:data:`renyi.dpsgd.ghost.GHOST_LAYER_TYPES`), a decomposed forward (RNN, GRU, LSTM,
+      MultiheadAttention: :mod:`renyi.dpsgd.decomposed`) or a registered user rule
+      (:mod:`renyi.dpsgd.registry`); one forward and one backward pass to the layer outputs
+      give activations and output gradients, from which the norms and the clipped sum are
+      computed layer by layer (Li et al. 2022; Bu et al. 2023 book-keeping). Per-example
+      gradients of the whole model never exist at once.
     * ``"vmap"``: per-example gradients of the whole model with ``torch.func`` (any model
       of standard layers, including weight sharing between modules); memory ``B x #params``.
-    * ``"auto"`` (default): ghost rules where the layer has one, per-layer ``vmap`` for the
+    * ``"auto"`` (default): rules where the layer has one, per-layer ``vmap`` for the
       other layers (reported as :attr:`mode` ``"hybrid"``), or whole-model ``vmap`` when a
       parameter is shared by several modules, a module with parameters has submodules with
-      parameters, or (found on the first batch) a layer without a ghost rule is not called
-      with the batch along dim 0 (e.g. an LSTM's ``[layers, B, H]`` states).
+      parameters (other than the decomposed layers), or (found on the first batch) a layer
+      without a rule is not called with the batch along dim 0.
 
     :attr:`mode` is the mode actually used: ``"ghost"``, ``"hybrid"`` or ``"vmap"``.
 
-    Layer-wise modes assume each parameter is used only inside the forward of the module
-    owning it. With ``self_check=True`` (default) the first batch is checked once against
-    a batch-of-one computation in eval mode (two examples), and a mismatch is refused.
+    **Independence check** (``self_check=True``, default; layer-wise modes): per-example
+    gradients read off a batched forward pass are right only if no operation mixes the
+    examples of the batch. On the first two batches, and then on randomly chosen batches
+    within 2 % of the engine's time (:class:`renyi.dpsgd.independence.CheckSchedule`), two
+    examples of the batch (a batch of one is padded with a public all-zero dummy) are run
+    through the engine and, each alone, through the model's own forward and plain autograd,
+    in the model's current train/eval mode (dropout switched off, buffers and RNG restored).
+    A mismatch raises :class:`~renyi.dpsgd.independence.ExampleMixingError` naming the
+    layer or operation that mixes examples (or :class:`UnsupportedModelError` when the
+    forward agrees but a parameter is used outside its module), before the batch's clipped
+    sum is returned. Whole-model ``vmap`` evaluates every example alone and needs no check.
+
+    **Precision**: activations and gradients in float16/bfloat16 (half-precision parameters
+    or autocast) are converted to float32 for the norms, the clipping weights and the
+    clipped sums, which are returned in float32 (noise is added before any rounding to the
+    parameters' dtype); the clipping margin ``CLIP_MARGIN`` covers float32 rounding.
 
     Args:
         model: the model; its forward takes ``inputs`` (a tensor or tuple of tensors batched
@@ -170,11 +254,12 @@ class ClippedGradientEngine:
         mode: ``"auto"`` (default), ``"vmap"`` or ``"ghost"``.
         gamma: stability constant of automatic clipping (Bu et al. 2022 use 0.01).
         chunk_size: examples vectorised at once in whole-model ``vmap`` (``None``: all).
-        self_check: check the layer-wise computation once, on the first batch.
+        self_check: run the independence check (see above).
+        check_budget: fraction of the engine's time the later checks may take (default 0.02).
 
     Raises:
         UnsupportedModelError: a layer mixes examples; ``mode="ghost"`` with a layer lacking a
-            ghost rule; no trainable parameters.
+            rule; no trainable parameters.
         PrivacyParameterError: a bad ``max_grad_norm``, ``clipping``, ``mode`` or ``gamma``.
 
     Example:
@@ -200,6 +285,7 @@ class ClippedGradientEngine:
         gamma: float = 0.01,
         chunk_size: int | None = None,
         self_check: bool = True,
+        check_budget: float = 0.02,
     ) -> None:
         if clipping not in ("flat", "per_layer", "automatic"):
             raise fail("clipping", clipping, "one of 'flat', 'per_layer', 'automatic'")
@@ -209,6 +295,9 @@ class ClippedGradientEngine:
             raise fail("loss_fn", loss_fn, "a callable (outputs, targets) -> losses")
         self.gamma = check_positive("gamma", gamma)
         self.chunk_size = None if chunk_size is None else check_int("chunk_size", chunk_size, 1)
+        budget = check_positive("check_budget", check_budget)
+        if budget > 1:
+            raise fail("check_budget", check_budget, "a fraction in (0, 1]")
         check_model(model)
         self.model, self.loss_fn, self.clipping = model, loss_fn, clipping
         self._params = trainable_parameters(model)
@@ -217,11 +306,11 @@ class ClippedGradientEngine:
         missing = [
             f"{n!r} ({type(lay.module).__name__})"
             for n, lay in self._layers.items()
-            if not lay.ghost
+            if lay.kind == "vmap"
         ]
         if mode == "ghost" and (not layerwise or missing):
             why = (
-                "layers without a ghost-norm rule: " + ", ".join(missing)
+                "layers without a per-example rule: " + ", ".join(missing)
                 if layerwise
                 else "parameters are shared between modules or owned by a module with submodules"
             )
@@ -230,7 +319,8 @@ class ClippedGradientEngine:
             self.mode: str = "vmap"
         else:
             self.mode = "hybrid" if missing else "ghost"
-        self._checked = not self_check or self.mode == "vmap"
+        self.self_check = bool(self_check)
+        self.schedule = CheckSchedule(budget=budget)
         self._requested = mode
 
     # ------------------------------------------------------------------ set-up
@@ -262,7 +352,19 @@ class ClippedGradientEngine:
         layers: dict[str, _Layer] = {}
         owner_count: dict[int, int] = {}
         layerwise = True
+        covered: list[str] = []  # decomposed layers: their submodules are part of them
         for name, module in model.named_modules():
+            if any(c == "" or name.startswith(c + ".") for c in covered):
+                continue
+            if supports_decomposed(module) and rule_for(module) is None:
+                covered.append(name)
+                local = [n for n, p in module.named_parameters() if p.requires_grad]
+                for p in module.parameters():
+                    if p.requires_grad:
+                        owner_count[id(p)] = owner_count.get(id(p), 0) + 1
+                if local:
+                    layers[name] = _Layer(name, module, local, "decomposed")
+                continue
             local = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
             for n in local:
                 pid = id(getattr(module, n))
@@ -274,12 +376,19 @@ class ClippedGradientEngine:
             )
             if has_child_params:
                 layerwise = False
-            layers[name] = _Layer(name, module, local, supports_ghost(module))
+            kind: LayerKind
+            if rule_for(module) is not None:
+                kind = "rule"
+            elif supports_ghost(module):
+                kind = "ghost"
+            else:
+                kind = "vmap"
+            layers[name] = _Layer(name, module, local, kind)
         if any(c > 1 for c in owner_count.values()):
             layerwise = False
         if layerwise:
-            covered = {n for lay in layers.values() for n in lay.full}
-            layerwise = covered == set(self._params)
+            covered_names = {n for lay in layers.values() for n in lay.full}
+            layerwise = covered_names == set(self._params)
         return layers, layerwise
 
     @property
@@ -309,33 +418,62 @@ class ClippedGradientEngine:
         Returns:
             ``(grad_sum, losses, norms)``: ``grad_sum[name]`` is the sum of the clipped
             per-example gradients for every trainable parameter (``model.named_parameters()``
-            order; the model's ``.grad`` fields are not touched); ``losses`` the per-example
-            losses ``[B]``; ``norms`` the per-example gradient norms before clipping ``[B]``
-            (all parameters jointly).
+            order; float32 for float16/bfloat16 parameters, else the parameter's dtype; the
+            model's ``.grad`` fields are not touched); ``losses`` the per-example losses
+            ``[B]``; ``norms`` the per-example gradient norms before clipping ``[B]`` (all
+            parameters jointly).
 
         Raises:
             NonFiniteGradientError: a loss or gradient norm is NaN or infinite.
+            ExampleMixingError: the independence check found examples influencing each other.
         """
         batch = self._check_batch(inputs, targets)
-        first = next(iter(self._params.values()))
         if batch == 0:
-            zeros = {n: torch.zeros_like(p) for n, p in self._params.items()}
-            empty = torch.zeros(0, dtype=first.dtype, device=first.device)
-            return zeros, empty, empty.clone()
+            return self._empty()
         by_layer, losses, sq = self._per_example(inputs, targets, batch)
+        sums, total = self._clip_and_sum(by_layer, sq)
+        return sums, losses.detach(), total
+
+    def _empty(self) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+        first = next(iter(self._params.values()))
+        dt = compute_dtype(first.dtype)
+        zeros = {
+            n: torch.zeros(p.shape, dtype=compute_dtype(p.dtype), device=p.device)
+            for n, p in self._params.items()
+        }
+        empty = torch.zeros(0, dtype=dt, device=first.device)
+        return zeros, empty, empty.clone()
+
+    def _clip_and_sum(
+        self,
+        by_layer: Mapping[str, tuple[_Layer | None, LayerGrads]],
+        sq: Mapping[str, Tensor],
+    ) -> tuple[dict[str, Tensor], Tensor]:
         total = torch.stack(list(sq.values())).sum(dim=0).sqrt()
         self._check_finite_norms(total)
         weights = clipping_weights(sq, self._max_norm, self.clipping, self.gamma, total=total)
+        sums = self._weighted(by_layer, weights)
+        out = {
+            n: sums[n].to(compute_dtype(p.dtype)).reshape(p.shape) for n, p in self._params.items()
+        }
+        first = next(iter(self._params.values()))
+        return out, total.to(compute_dtype(first.dtype))
+
+    def _weighted(
+        self,
+        by_layer: Mapping[str, tuple[_Layer | None, LayerGrads]],
+        weights: Mapping[str, Tensor],
+    ) -> dict[str, Tensor]:
         sums: dict[str, Tensor] = {}
-        for lay, grads in by_layer.values():
-            local_w = {
-                local: weights[_full(lay, local)]
-                for local in (lay.local if lay is not None else list(self._params))
-            }
-            for local, v in grads.weighted_sum(local_w).items():
-                sums[_full(lay, local)] = v
-        out = {n: sums[n].to(p.dtype).reshape(p.shape) for n, p in self._params.items()}
-        return out, losses.detach(), total.to(first.dtype)
+        with _exact_arithmetic():
+            for lay, grads in by_layer.values():
+                local_w = {
+                    local: weights[_full(lay, local)]
+                    for local in (lay.local if lay is not None else list(self._params))
+                }
+                for local, v in grads.weighted_sum(local_w).items():
+                    sums[_full(lay, local)] = v
+        return sums
 
     def per_example_norms(self, inputs: Inputs, targets: Tensor) -> dict[str, Tensor]:
         """Per-example gradient norm of every trainable parameter, before clipping.
@@ -360,25 +498,26 @@ class ClippedGradientEngine:
     ) -> tuple[dict[str, tuple[_Layer | None, LayerGrads]], Tensor, dict[str, Tensor]]:
         """Per-layer gradient information, losses and per-parameter squared norms."""
         by_layer: dict[str, tuple[_Layer | None, LayerGrads]] = {}
+        start = time.perf_counter()
         try:
-            if not self._checked:
-                self._checked = self._self_check(inputs, targets)
+            if self.mode != "vmap" and self.self_check and self.schedule.due():
+                self._self_check(inputs, targets, batch)
+                self.schedule.record_check(time.perf_counter() - start)
+                start = time.perf_counter()
             if self.mode != "vmap":
                 by_layer, losses = self._layerwise(inputs, targets, batch)
         except _NotBatchFirstError:
             if self._requested != "auto":
                 raise
-            self.mode, self._checked = "vmap", True  # e.g. an LSTM's [layers, B, H] states
+            self.mode = "vmap"  # a layer without a rule, not called batch-first
         if self.mode == "vmap":
             per_ex, losses = per_example_grads(
                 self.model, self.loss_fn, inputs, targets, chunk_size=self.chunk_size
             )
             check_finite_losses(losses)
             by_layer = {"": (None, PerExampleGrads(per_ex))}
-        sq: dict[str, Tensor] = {}
-        for lay, grads in by_layer.values():
-            for local, v in grads.sq_norms().items():
-                sq[_full(lay, local)] = v
+        sq = _sq_norms(by_layer)
+        self.schedule.record_step(time.perf_counter() - start)
         return by_layer, losses, {n: sq[n] for n in self._params}
 
     # ------------------------------------------------------------------ helpers
@@ -405,53 +544,83 @@ class ClippedGradientEngine:
                 "gradients"
             )
 
-    def _layerwise(
-        self, inputs: Inputs, targets: Tensor, batch: int
-    ) -> tuple[dict[str, tuple[_Layer | None, LayerGrads]], Tensor]:
-        """One forward pass with hooks, one backward pass to the layer outputs only."""
-        edges: list[GradientEdge] = []
-        records: dict[str, list[tuple[tuple[Any, ...], dict[str, Any], list[int | None]]]] = {
-            name: [] for name in self._layers
-        }
-        versions: list[tuple[str, Tensor, int]] = []
+    @contextmanager
+    def _recording(self, hooks: bool) -> Iterator[list[_Recording]]:
+        """Hooks on the layers and decomposed forwards, writing into ``holder[0]`` (a fresh
+        :class:`_Recording` each forward in capture mode)."""
+        holder = [_Recording(self._layers, hooks)]
 
         def make_hook(name: str) -> Any:
             def hook(
                 module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
             ) -> None:
-                ids: list[int | None] = []
-                for o in _flatten_outputs(output):
-                    if o.requires_grad:
-                        edges.append(get_gradient_edge(o))
-                        ids.append(len(edges) - 1)
-                    else:
-                        ids.append(None)
+                rec = holder[0]
+                ids: list[int | None] = [
+                    rec.register(o) if o.requires_grad else None for o in _flatten_outputs(output)
+                ]
                 saved_args = tuple(_detach(a) for a in args)
                 saved_kwargs = {k: _detach(v) for k, v in kwargs.items()}
                 for t in (*saved_args, *saved_kwargs.values()):
                     if isinstance(t, Tensor):
-                        versions.append((name, t, t._version))
-                records[name].append((saved_args, saved_kwargs, ids))
+                        rec.versions.append((name, t, t._version))
+                rec.records[name].append((saved_args, saved_kwargs, ids))
 
             return hook
 
-        handles = [
-            lay.module.register_forward_hook(make_hook(name), with_kwargs=True)
-            for name, lay in self._layers.items()
-        ]
+        def make_forward(name: str, module: nn.Module) -> Callable[..., Any]:
+            fn = next(f for k, f in DECOMPOSED_LAYER_TYPES.items() if isinstance(module, k))
+
+            def forward(*args: Any, **kwargs: Any) -> Any:
+                return fn(module, holder[0].recorders[name], *args, **kwargs)
+
+            return forward
+
+        handles = []
+        patched: list[tuple[nn.Module, Any]] = []
+        try:
+            for name, lay in self._layers.items():
+                if lay.kind == "decomposed":
+                    patched.append((lay.module, lay.module.__dict__.get("forward")))
+                    lay.module.forward = make_forward(name, lay.module)  # type: ignore[method-assign]
+                else:
+                    handles.append(
+                        lay.module.register_forward_hook(make_hook(name), with_kwargs=True)
+                    )
+            yield holder
+        finally:
+            for h in handles:
+                h.remove()
+            for module, old in patched:
+                if old is None:
+                    module.__dict__.pop("forward", None)
+                else:
+                    module.forward = old  # type: ignore[method-assign]
+
+    def _layerwise(
+        self, inputs: Inputs, targets: Tensor, batch: int
+    ) -> tuple[dict[str, tuple[_Layer | None, LayerGrads]], Tensor]:
+        """One forward pass with hooks, one backward pass to the layer outputs only."""
         args = inputs if isinstance(inputs, tuple) else (inputs,)
         with torch.enable_grad():  # also inside a caller's torch.no_grad()
-            try:
+            with self._recording(hooks=False) as holder:
                 outputs = self.model(*args)
-            finally:
-                for h in handles:
-                    h.remove()
+            rec = holder[0]
             losses = per_example_losses(self.loss_fn, outputs, targets)
             check_finite_losses(losses)
-            grads: Sequence[Tensor | None] = []
-            if edges and losses.requires_grad:
-                grads = torch.autograd.grad(losses.sum(), edges, allow_unused=True)
-        for name, t, v in versions:
+            if rec.edges and losses.requires_grad:
+                grads = torch.autograd.grad(losses.sum(), rec.edges, allow_unused=True)
+                rec.grads = list(grads)
+        return self._collect(rec, batch), losses
+
+    def _collect(self, rec: _Recording, batch: int) -> dict[str, tuple[_Layer | None, LayerGrads]]:
+        """Per-layer gradient information from a recording whose backward has run."""
+        with _exact_arithmetic():
+            return self._collect_layers(rec, batch)
+
+    def _collect_layers(
+        self, rec: _Recording, batch: int
+    ) -> dict[str, tuple[_Layer | None, LayerGrads]]:
+        for name, t, v in rec.versions:
             if t._version != v:
                 raise UnsupportedModelError(
                     f"the input of layer {name!r} was modified in place after the layer used "
@@ -460,12 +629,18 @@ class ClippedGradientEngine:
                 )
         result: dict[str, tuple[_Layer | None, LayerGrads]] = {}
         for name, lay in self._layers.items():
-            calls = [
-                (a, k, [grads[i] if i is not None and grads else None for i in ids])
-                for a, k, ids in records[name]
-            ]
-            result[name] = (lay, self._layer_grads(lay, calls, batch))
-        return result, losses
+            if lay.kind == "decomposed":
+                own = dict(lay.module.named_parameters())
+                calls = {
+                    key: [(x, rec.grad(slot)) for x, slot in lst]
+                    for key, lst in rec.recorders[name].calls.items()
+                }
+                grads: LayerGrads = LinearMapGrads(calls, {n: own[n] for n in lay.local}, batch)
+            else:
+                calls_h = [(a, k, [rec.grad(i) for i in ids]) for a, k, ids in rec.records[name]]
+                grads = self._layer_grads(lay, calls_h, batch)
+            result[name] = (lay, grads)
+        return result
 
     def _layer_grads(
         self,
@@ -473,23 +648,30 @@ class ClippedGradientEngine:
         calls: list[tuple[tuple[Any, ...], dict[str, Any], list[Tensor | None]]],
         batch: int,
     ) -> LayerGrads:
-        if lay.ghost:
+        if lay.kind == "ghost":
             return ghost_layer_grads(lay.module, calls, lay.local, batch)
         total: dict[str, Tensor] = {}
         for args, kwargs, gouts in calls:
             if all(g is None for g in gouts):
                 continue
-            batched_out = all(g is None or (g.ndim > 0 and g.shape[0] == batch) for g in gouts)
-            batched_in = any(
-                isinstance(t, Tensor) and t.ndim > 0 and t.shape[0] == batch
-                for t in (*args, *kwargs.values())
-            )
-            if not (batched_out and batched_in):
-                raise _NotBatchFirstError(
-                    f"layer {lay.name!r} ({type(lay.module).__name__}) is not called with the "
-                    "batch along dim 0 of its input and output; use mode='vmap'"
+            if lay.kind == "rule":
+                rule = rule_for(lay.module)
+                assert rule is not None
+                if not rule.verified and batch >= 2:
+                    verify_rule(lay.module, rule, args, kwargs, gouts)
+                g = apply_rule(rule, lay.module, args, gouts, lay.local)
+            else:
+                batched_out = all(g is None or (g.ndim > 0 and g.shape[0] == batch) for g in gouts)
+                batched_in = any(
+                    isinstance(t, Tensor) and t.ndim > 0 and t.shape[0] == batch
+                    for t in (*args, *kwargs.values())
                 )
-            g = layer_per_example_grads(lay.module, args, kwargs, gouts, lay.local, batch)
+                if not (batched_out and batched_in):
+                    raise _NotBatchFirstError(
+                        f"layer {lay.name!r} ({type(lay.module).__name__}) is not called with "
+                        "the batch along dim 0 of its input and output; use mode='vmap'"
+                    )
+                g = layer_per_example_grads(lay.module, args, kwargs, gouts, lay.local, batch)
             total = {n: total[n] + g[n] if n in total else g[n] for n in g}
         if not total:
             total = {
@@ -499,47 +681,108 @@ class ClippedGradientEngine:
             }
         return PerExampleGrads(total)
 
-    def _self_check(self, inputs: Inputs, targets: Tensor) -> bool:
-        """Compare layer-wise per-example norms with a batch-of-one loop on two examples.
-
-        Returns False (check again on the next batch) when a norm is not finite; the caller's
-        own computation then reports it.
-        """
-        k = min(2, int(targets.shape[0]))
+    # ------------------------------------------------------------------ independence check
+    def _check_batch_of(
+        self, inputs: Inputs, targets: Tensor, batch: int
+    ) -> tuple[tuple[Tensor, ...], Tensor]:
+        """Two examples of the batch for the check: the first two on the first checks, a
+        random pair later; a batch of one is padded with a public all-zero dummy example."""
         args = inputs if isinstance(inputs, tuple) else (inputs,)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            sub = tuple(a[:k] for a in args)
-            by_layer, _ = self._layerwise(sub, targets[:k], k)
-            sq: dict[str, Tensor] = {}
-            for lay, grads in by_layer.values():
-                for local, v in grads.sq_norms().items():
-                    sq[_full(lay, local)] = v
+        if batch == 1:
+            return (
+                tuple(torch.cat([a[:1], torch.zeros_like(a[:1])]) for a in args),
+                torch.cat([targets[:1], torch.zeros_like(targets[:1])]),
+            )
+        if self.schedule.checks < self.schedule.first:
+            idx = [0, 1]
+        else:
+            idx = self.schedule.rng.sample(range(batch), 2)
+        index = torch.tensor(idx, device=targets.device)
+        return tuple(a.index_select(0, index.to(a.device)) for a in args), targets[index]
+
+    def _self_check(self, inputs: Inputs, targets: Tensor, batch: int) -> None:
+        """The independence check (see the class docstring) on two examples of the batch."""
+        sub, sub_y = self._check_batch_of(inputs, targets, batch)
+        k = 2
+        model = self.model
+        dtypes = [p.dtype for p in self._params.values()]
+        dtypes += [a.dtype for a in sub if a.is_floating_point()]
+        tol = tolerance_for(dtypes, autocast_enabled(sub[0].device.type))
+        with check_conditions(model):
+            try:
+                by_layer, _ = self._layerwise(sub, sub_y, k)
+                sq = _sq_norms(by_layer)
+            except NonFiniteGradientError:
+                return  # the step itself reports it
+            if not all(bool(torch.isfinite(v).all()) for v in sq.values()):
+                return
             params = list(self._params.values())
+            bad: list[tuple[int, float, float]] = []
             for j in range(k):
-                out = self.model(*(a[j : j + 1] for a in args))
-                loss = per_example_losses(self.loss_fn, out, targets[j : j + 1]).sum()
-                ref = torch.autograd.grad(loss, params, allow_unused=True)
-                want_all = [0.0 if g is None else float(g.double().norm()) for g in ref]
-                total = math.sqrt(sum(v * v for v in want_all))
-                for name, want in zip(self._params, want_all, strict=True):
-                    got = float(sq[name][j].sqrt())
-                    if not (math.isfinite(got) and math.isfinite(total)):
-                        return False
-                    # float32 rounding: relative to this parameter and to the example's norm
-                    scale = max(want, got) + 1e-2 * total + 1e-30
-                    if not abs(got - want) <= 1e-3 * scale:
-                        raise UnsupportedModelError(
-                            f"per-example gradient of {name!r} from the layer-wise engine "
-                            f"(norm {got:.6g}) differs from a batch-of-one computation "
-                            f"(norm {want:.6g}): is the parameter used outside the forward of "
-                            "its module, shared, or is there a layer that mixes examples? "
-                            "Use mode='vmap'."
-                        )
-        finally:
-            self.model.train(was_training)
-        return True
+                onehot = torch.zeros(k, dtype=torch.float64, device=sub_y.device)
+                onehot[j] = 1.0
+                got = self._weighted(by_layer, dict.fromkeys(self._params, onehot))
+                with torch.enable_grad():
+                    out = model(*(a[j : j + 1] for a in sub))
+                    loss = per_example_losses(self.loss_fn, out, sub_y[j : j + 1]).sum()
+                    ref = torch.autograd.grad(loss, params, allow_unused=True)
+                want = {
+                    n: torch.zeros_like(p) if r is None else r
+                    for (n, p), r in zip(self._params.items(), ref, strict=True)
+                }
+                diff = compare_example_grads(got, want, tol)
+                if diff is not None:
+                    bad.append((j, *diff))
+            if not bad:
+                return
+            where = locate_mixing(
+                model,
+                lambda: model(*sub),
+                lambda j: model(*(a[j : j + 1] for a in sub)),
+                k,
+                tol=tol,
+            )
+        j, dist, ref_norm = bad[0]
+        found = (
+            f"per-example gradient of example {j} of a checked pair differs from the same "
+            f"example run alone (distance {dist:.3g}, norm {ref_norm:.3g})"
+        )
+        if where is not None:
+            raise ExampleMixingError(
+                f"{where} mixes the examples of a batch: its output for one example depends on "
+                f"the other examples ({found}, model in "
+                f"{'training' if model.training else 'eval'} mode). DP-SGD clips each "
+                "example's gradient, which bounds the update's sensitivity only if examples are "
+                "processed independently; use per-example operations (nn.GroupNorm or "
+                "nn.LayerNorm instead of batch statistics). No update was released."
+            )
+        raise UnsupportedModelError(
+            f"the layer-wise per-example gradients are wrong for this model: {found}, although "
+            "every module's output agrees. A parameter is used outside the forward of its "
+            "module, or the loss or a backward pass mixes examples. Use mode='vmap' for the "
+            "former. No update was released."
+        )
+
+
+@contextmanager
+def _exact_arithmetic() -> Iterator[None]:
+    """Autocast off: norms and clipped sums must not be computed in bfloat16/float16 when the
+    caller's forward runs under autocast (the book-keeping products would be rounded)."""
+    with torch.autocast("cpu", enabled=False):
+        if torch.cuda.is_available():
+            with torch.autocast("cuda", enabled=False):
+                yield
+        else:
+            yield
+
+
+def _sq_norms(by_layer: Mapping[str, tuple[_Layer | None, LayerGrads]]) -> dict[str, Tensor]:
+    sq: dict[str, Tensor] = {}
+    with _exact_arithmetic():
+        for lay, grads in by_layer.values():
+            for local, v in grads.sq_norms().items():
+                sq[_full(lay, local)] = v
+    return sq
 
 
 def _full(lay: _Layer | None, local: str) -> str:

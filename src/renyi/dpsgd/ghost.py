@@ -58,11 +58,15 @@ from renyi.dpsgd.grad_sample import UnsupportedModelError
 
 __all__ = [
     "GHOST_LAYER_TYPES",
+    "REDUCED_DTYPES",
     "Call",
     "LayerGrads",
+    "LinearMapGrads",
     "PerExampleGrads",
+    "compute_dtype",
     "ghost_layer_grads",
     "supports_ghost",
+    "upcast",
 ]
 
 #: One recorded call of a layer: (positional args, keyword args, dL/d(output) per tensor output).
@@ -133,7 +137,7 @@ class PerExampleGrads:
     """Materialised per-example gradients ``{name: [B, *param.shape]}`` of one layer."""
 
     def __init__(self, grads: Mapping[str, Tensor]) -> None:
-        self.grads = dict(grads)
+        self.grads = {n: upcast(g) for n, g in grads.items()}
 
     def sq_norms(self) -> dict[str, Tensor]:
         return {n: _sq(g.flatten(1), (1,)) for n, g in self.grads.items()}
@@ -226,9 +230,31 @@ def _input_of(call: Call) -> Tensor:
     return x
 
 
+#: Dtypes too coarse to compute norms or clipped sums in: float16/bfloat16 activations and
+#: gradients are converted to float32 first (mixed precision, autocast), so the clipping
+#: weights and the clipped sums are computed with float32 rounding, which the clipping margin
+#: covers; the clipped sums stay in float32 until noise has been added.
+REDUCED_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype norms and clipped sums are computed in for data of ``dtype``."""
+    return torch.float32 if dtype in REDUCED_DTYPES else dtype
+
+
+def upcast(t: Tensor) -> Tensor:
+    """``t`` in :func:`compute_dtype` (unchanged unless float16/bfloat16)."""
+    return t.float() if t.dtype in REDUCED_DTYPES else t
+
+
 def _used_calls(calls: Sequence[Call]) -> list[tuple[Tensor, Tensor]]:
-    """(input, output gradient) of the calls whose output reached the loss."""
-    return [(_input_of(c).detach(), c[2][0]) for c in calls if c[2] and c[2][0] is not None]
+    """(input, output gradient) of the calls whose output reached the loss, reduced-precision
+    floating tensors converted to float32."""
+    return [
+        (upcast(_input_of(c).detach()), upcast(c[2][0]))
+        for c in calls
+        if c[2] and c[2][0] is not None
+    ]
 
 
 class _LinearGrads:
@@ -273,14 +299,86 @@ def _linear(
     module: nn.Linear, calls: Sequence[Call], names: Sequence[str], batch: int
 ) -> _OuterProductGrads | _LinearGrads:
     used = _used_calls(calls)
+    return _linear_from(used, module.in_features, module.out_features, names, batch)
+
+
+def _linear_from(
+    used: Sequence[tuple[Tensor, Tensor]], d: int, o: int, names: Sequence[str], batch: int
+) -> _OuterProductGrads | _LinearGrads:
+    """An affine map ``y = x W^T + b`` (``W``: ``[o, d]``) from its calls' inputs and output
+    gradients, batch-first; several calls are concatenated along the position axis."""
     if len(used) == 1:
         x, g = used[0]
         if x.ndim == 2 and g.ndim == 2 and x.shape[0] == batch == g.shape[0]:
             return _LinearGrads(x, g, names)
-    d, o = module.in_features, module.out_features
     a = _cat([x.reshape(batch, 1, -1, d).transpose(2, 3) for x, _ in used], dim=3)
     b = _cat([g.reshape(batch, 1, -1, o).transpose(2, 3) for _, g in used], dim=3)
-    return _OuterProductGrads(a, b, module.weight.shape, names)
+    return _OuterProductGrads(a, b, torch.Size([o, d]), names)
+
+
+class LinearMapGrads:
+    """Per-example gradients of a layer whose parameters enter only through affine maps.
+
+    ``calls[key]`` lists ``(input, output gradient)`` of each call of the map ``key`` =
+    ``(weight name, weight rows, bias name, bias rows)`` (see
+    :class:`renyi.dpsgd.decomposed.Recorder`). Each map is the sequence rule of ``nn.Linear``
+    (calls concatenated along positions); maps touching disjoint rows of one parameter add
+    their squared norms and write their clipped sums into those rows.
+    """
+
+    def __init__(
+        self,
+        calls: Mapping[Any, Sequence[tuple[Tensor, Tensor | None]]],
+        params: Mapping[str, Tensor],
+        batch: int,
+    ) -> None:
+        self.params, self.batch = dict(params), batch
+        self.parts: list[tuple[Any, LayerGrads]] = []
+        spans: dict[str, list[tuple[int, int]]] = {}
+        for key, raw in calls.items():
+            w_name, w_rows, b_name, b_rows = key
+            used = [(upcast(x), upcast(g)) for x, g in raw if g is not None]
+            names = [n for n, p in (("weight", w_name), ("bias", b_name)) if p in self.params]
+            if not used or not names:
+                continue
+            for name, rows in ((w_name, w_rows), (b_name, b_rows)):
+                if name in self.params:
+                    r = rows if rows is not None else (0, int(self.params[name].shape[0]))
+                    if any(r[0] < s[1] and s[0] < r[1] for s in spans.get(name, [])):
+                        raise UnsupportedModelError(
+                            f"parameter {name!r} is used by two affine maps on overlapping rows"
+                        )
+                    spans.setdefault(name, []).append(r)
+            d, o = int(used[0][0].shape[-1]), int(used[0][1].shape[-1])
+            self.parts.append((key, _linear_from(used, d, o, names, batch)))
+
+    def sq_norms(self) -> dict[str, Tensor]:
+        dev = next(iter(self.params.values())).device
+        res = {n: torch.zeros(self.batch, dtype=torch.float64, device=dev) for n in self.params}
+        for (w_name, _, b_name, _), sub in self.parts:
+            sq = sub.sq_norms()
+            if "weight" in sq:
+                res[w_name] = res[w_name] + sq["weight"]
+            if "bias" in sq:
+                res[b_name] = res[b_name] + sq["bias"]
+        return res
+
+    def weighted_sum(self, weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        res = {
+            n: torch.zeros(p.shape, dtype=compute_dtype(p.dtype), device=p.device)
+            for n, p in self.params.items()
+        }
+        for (w_name, w_rows, b_name, b_rows), sub in self.parts:
+            local = {"weight": w_name, "bias": b_name}
+            ws = sub.weighted_sum(
+                {k: weights[v] for k, v in local.items() if v is not None and v in self.params}
+            )
+            for k, v in ws.items():
+                name, rows = (w_name, w_rows) if k == "weight" else (b_name, b_rows)
+                assert name is not None
+                target = res[name] if rows is None else res[name][rows[0] : rows[1]]
+                target += v.reshape(target.shape).to(target.dtype)
+        return res
 
 
 def _conv_as_2d(module: nn.Conv1d | nn.Conv2d) -> tuple[tuple[int, int], ...]:

@@ -415,7 +415,10 @@ class DPOptimizer:
         return self.random_source.normal((total,), self._noise_dtype())
 
     def _noise_dtype(self) -> torch.dtype:
-        dtypes = {p.dtype for p in self._params}
+        # float16/bfloat16 parameters: the clipped sums come in float32 and the noise is added
+        # in float32; rounding to the parameter dtype happens after (post-processing)
+        reduced = (torch.float16, torch.bfloat16)
+        dtypes = {torch.float32 if p.dtype in reduced else p.dtype for p in self._params}
         return dtypes.pop() if len(dtypes) == 1 else torch.float64
 
     # -- stage 3: scale -------------------------------------------------------------------

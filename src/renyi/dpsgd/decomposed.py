@@ -1,0 +1,322 @@
+"""Exact per-example gradients of recurrent and attention layers, by decomposing their forward.
+
+``nn.RNN``/``nn.GRU``/``nn.LSTM`` run fused kernels that expose neither their gates nor
+their intermediate layers, and ``nn.MultiheadAttention`` applies parameters owned by itself
+and by its ``out_proj`` child inside one functional call. Neither can be read by a per-layer
+hook, and ``torch.func.vmap`` has no batching rule for the fused RNN kernels.
+
+While the clipping engine records a batch, such a module runs an equivalent forward written
+in plain tensor operations (:func:`rnn_forward`, :func:`mha_forward`), in which every use of
+a parameter is an affine map ``y = x W^T + b`` called through a :class:`Recorder`. Every
+parameter of these layers enters only through such maps, so example ``i``'s gradient is
+``sum_t b_it x_it^T`` over the map's calls (``b`` = the gradient at the map's output): the
+sequence rule of :mod:`renyi.dpsgd.ghost` gives its norm from ``x`` and ``b`` and the clipped
+sum by book-keeping, with no per-example gradient tensor and no second backward pass. The
+decomposed forward is the forward that trains (dropout masks included), so nothing is
+recomputed or approximated; it equals torch's fused result up to rounding
+(tests/test_dpsgd_layers.py checks per-example gradients against torch's own modules run on
+one example at a time).
+
+Supported: all RNN/GRU/LSTM options except ``PackedSequence`` inputs and unbatched
+(2-D) inputs (``num_layers``, ``bias``, ``batch_first``, ``dropout``, ``bidirectional``,
+``proj_size``, given or default initial states, outputs and final states both usable);
+``nn.MultiheadAttention`` with packed or separate projections (``kdim``/``vdim``),
+``batch_first``, ``bias``, ``add_zero_attn``, ``key_padding_mask``/``attn_mask`` (bool or
+float), ``is_causal``, ``need_weights``/``average_attn_weights`` and dropout;
+``add_bias_kv=True`` is refused.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> lstm = nn.LSTM(3, 4, batch_first=True)
+    >>> x = torch.randn(2, 5, 3)
+    >>> rec = Recorder(lambda t: None)
+    >>> out, (h, c) = rnn_forward(lstm, rec, x)
+    >>> bool(torch.allclose(out, lstm(x)[0], atol=1e-6)), sorted({k[0] for k in rec.calls})
+    (True, ['weight_hh_l0', 'weight_ih_l0'])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence
+
+from renyi.dpsgd.grad_sample import UnsupportedModelError
+
+__all__ = [
+    "DECOMPOSED_LAYER_TYPES",
+    "LinearKey",
+    "Recorder",
+    "mha_forward",
+    "rnn_forward",
+    "supports_decomposed",
+]
+
+#: One affine map of a decomposed layer: (weight name, weight rows, bias name or None, bias
+#: rows); rows are ``(start, stop)`` along dim 0 of the parameter (``None``: all rows).
+LinearKey = tuple[str, tuple[int, int] | None, str | None, tuple[int, int] | None]
+
+
+class Recorder:
+    """Runs the affine maps of a decomposed forward and remembers their inputs.
+
+    ``register(y)`` is called on every map output that requires grad and returns the slot
+    its gradient will be delivered to (the engine's gradient-edge list, or a tensor hook);
+    ``calls[key]`` lists ``(input, slot)`` per call, inputs detached and batch-first.
+    """
+
+    def __init__(self, register: Callable[[Tensor], int | None]) -> None:
+        self.register = register
+        self.calls: dict[LinearKey, list[tuple[Tensor, int | None]]] = {}
+
+    def linear(
+        self,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        key: LinearKey,
+    ) -> Tensor:
+        y = F.linear(x, weight, bias)
+        slot = self.register(y) if y.requires_grad else None
+        self.calls.setdefault(key, []).append((x.detach(), slot))
+        return y
+
+
+def _rows(t: Tensor | None, rows: tuple[int, int]) -> Tensor | None:
+    return None if t is None else t[rows[0] : rows[1]]
+
+
+# ---------------------------------------------------------------- recurrent layers
+
+
+def rnn_forward(module: nn.RNNBase, rec: Recorder, input: Any, hx: Any = None) -> Any:
+    """``module(input, hx)`` for ``nn.RNN``/``nn.GRU``/``nn.LSTM`` in plain tensor operations.
+
+    Same equations as torch (``torch.nn.LSTM`` etc. documentation): LSTM gates ``i, f, g, o``
+    with optional projection ``h = W_hr (o * tanh(c))``; GRU ``n = tanh(W_in x + b_in +
+    r * (W_hn h + b_hn))``, ``h' = (1 - z) n + z h``; Elman ``h' = tanh|relu(W_ih x + b_ih +
+    W_hh h + b_hh)``; dropout on the outputs of every layer but the last, in training mode.
+    """
+    if isinstance(input, PackedSequence):
+        raise UnsupportedModelError(
+            f"{type(module).__name__} called with a PackedSequence: per-example gradients of "
+            "packed sequences are not supported; pad the batch (and mask the loss or take the "
+            "outputs at each sequence's last valid step) instead"
+        )
+    if not isinstance(input, Tensor) or input.ndim != 3:
+        shape = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
+        raise UnsupportedModelError(
+            f"{type(module).__name__} input of shape {shape}: DP-SGD needs a batched input "
+            "(3-D, with a batch dimension)"
+        )
+    mode = module.mode
+    x = input if module.batch_first else input.transpose(0, 1)  # [B, T, I]
+    batch, steps = int(x.shape[0]), int(x.shape[1])
+    dirs = 2 if module.bidirectional else 1
+    hidden = module.hidden_size
+    proj = getattr(module, "proj_size", 0) or 0
+    out_size = proj if proj > 0 else hidden
+    layers = module.num_layers
+    if hx is None:
+        zeros = torch.zeros(layers * dirs, batch, out_size, dtype=x.dtype, device=x.device)
+        h0 = zeros
+        c0 = torch.zeros(layers * dirs, batch, hidden, dtype=x.dtype, device=x.device)
+    elif mode == "LSTM":
+        h0, c0 = hx
+    else:
+        h0, c0 = hx, None
+    for state in (h0,) if c0 is None else (h0, c0):
+        if not isinstance(state, Tensor) or state.ndim != 3:
+            raise UnsupportedModelError(
+                f"{type(module).__name__} initial state must be 3-D [layers * directions, "
+                "B, H] for a batched input"
+            )
+    layer_in = x
+    h_last: list[Tensor] = []
+    c_last: list[Tensor] = []
+    for layer in range(layers):
+        outs: list[Tensor] = []
+        for d in range(dirs):
+            sfx = f"_l{layer}" + ("_reverse" if d else "")
+            w_ih = getattr(module, "weight_ih" + sfx)
+            w_hh = getattr(module, "weight_hh" + sfx)
+            b_ih = getattr(module, "bias_ih" + sfx) if module.bias else None
+            b_hh = getattr(module, "bias_hh" + sfx) if module.bias else None
+            bias_ih = "bias_ih" + sfx if module.bias else None
+            bias_hh = "bias_hh" + sfx if module.bias else None
+            gi = rec.linear(layer_in, w_ih, b_ih, ("weight_ih" + sfx, None, bias_ih, None))
+            h = h0[layer * dirs + d]
+            c = c0[layer * dirs + d] if c0 is not None else None
+            seq: list[Tensor | None] = [None] * steps
+            order = range(steps) if d == 0 else range(steps - 1, -1, -1)
+            for t in order:
+                gh = rec.linear(h, w_hh, b_hh, ("weight_hh" + sfx, None, bias_hh, None))
+                git = gi[:, t]
+                if mode == "LSTM":
+                    i, f, g, o = (git + gh).chunk(4, dim=1)
+                    assert c is not None
+                    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+                    h = torch.sigmoid(o) * torch.tanh(c)
+                    if proj > 0:
+                        w_hr = getattr(module, "weight_hr" + sfx)
+                        h = rec.linear(h, w_hr, None, ("weight_hr" + sfx, None, None, None))
+                elif mode == "GRU":
+                    r_i, z_i, n_i = git.chunk(3, dim=1)
+                    r_h, z_h, n_h = gh.chunk(3, dim=1)
+                    r = torch.sigmoid(r_i + r_h)
+                    z = torch.sigmoid(z_i + z_h)
+                    n = torch.tanh(n_i + r * n_h)
+                    h = (1 - z) * n + z * h
+                elif mode == "RNN_TANH":
+                    h = torch.tanh(git + gh)
+                else:
+                    h = torch.relu(git + gh)
+                seq[t] = h
+            outs.append(torch.stack([s for s in seq if s is not None], dim=1))
+            h_last.append(h)
+            if c is not None:
+                c_last.append(c)
+        layer_in = outs[0] if dirs == 1 else torch.cat(outs, dim=2)
+        if module.dropout > 0 and module.training and layer < layers - 1:
+            layer_in = F.dropout(layer_in, module.dropout, training=True)
+    output = layer_in if module.batch_first else layer_in.transpose(0, 1)
+    h_n = torch.stack(h_last, dim=0)
+    if mode == "LSTM":
+        return output, (h_n, torch.stack(c_last, dim=0))
+    return output, h_n
+
+
+# ---------------------------------------------------------------- attention
+
+
+def _as_additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+            mask, float("-inf")
+        )
+    return mask.to(dtype)
+
+
+def mha_forward(
+    module: nn.MultiheadAttention,
+    rec: Recorder,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_padding_mask: Tensor | None = None,
+    need_weights: bool = True,
+    attn_mask: Tensor | None = None,
+    average_attn_weights: bool = True,
+    is_causal: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """``module(query, key, value, ...)`` for ``nn.MultiheadAttention`` in plain operations.
+
+    The projections are recorded as three affine maps (rows ``0:E``, ``E:2E``, ``2E:3E`` of
+    the packed ``in_proj_weight``/``in_proj_bias``, or the separate ``q/k/v_proj_weight``)
+    and ``out_proj``; attention is ``softmax(q k^T / sqrt(d) + mask) v`` with dropout on the
+    weights in training mode, as ``torch.nn.functional.multi_head_attention_forward``.
+    """
+    if module.bias_k is not None or module.bias_v is not None:
+        raise UnsupportedModelError(
+            "nn.MultiheadAttention(add_bias_kv=True) is not supported by DP-SGD's "
+            "per-example gradients; use add_bias_kv=False"
+        )
+    if query.ndim != 3:
+        raise UnsupportedModelError(
+            f"nn.MultiheadAttention query of shape {tuple(query.shape)}: DP-SGD needs a "
+            "batched (3-D) input"
+        )
+    if not module.batch_first:
+        query, key, value = (t.transpose(0, 1) for t in (query, key, value))
+    batch, tgt, emb = query.shape
+    heads, hd = module.num_heads, module.head_dim
+    bias = module.in_proj_bias
+    bias_name = "in_proj_bias" if bias is not None else None
+    spans = [(0, emb), (emb, 2 * emb), (2 * emb, 3 * emb)]
+    projected = []
+    for j, (src, r) in enumerate(zip((query, key, value), spans, strict=True)):
+        if module._qkv_same_embed_dim:
+            w_name, w, w_rows = "in_proj_weight", _rows(module.in_proj_weight, r), r
+        else:
+            w_name = ("q_proj_weight", "k_proj_weight", "v_proj_weight")[j]
+            w, w_rows = getattr(module, w_name), None
+        assert w is not None
+        projected.append(
+            rec.linear(
+                src, w, _rows(bias, r), (w_name, w_rows, bias_name, r if bias_name else None)
+            )
+        )
+    q, k, v = (
+        p.reshape(batch, -1, heads, hd).transpose(1, 2) for p in projected
+    )  # [B, H, L|S, hd]
+    src_len = k.shape[2]
+    mask: Tensor | None = None
+    if attn_mask is not None:
+        am = _as_additive(attn_mask, q.dtype)
+        if am.ndim == 2:
+            am = am.reshape(1, 1, tgt, src_len)
+        else:
+            am = am.reshape(batch, heads, tgt, src_len)
+        mask = am
+    elif is_causal:
+        causal = torch.ones(tgt, src_len, dtype=torch.bool, device=q.device).triu(1)
+        mask = _as_additive(causal, q.dtype).reshape(1, 1, tgt, src_len)
+    if key_padding_mask is not None:
+        kp = _as_additive(key_padding_mask, q.dtype).reshape(batch, 1, 1, src_len)
+        mask = kp if mask is None else mask + kp
+    if module.add_zero_attn:
+        zeros = torch.zeros(batch, heads, 1, hd, dtype=k.dtype, device=k.device)
+        k, v = torch.cat([k, zeros], dim=2), torch.cat([v, zeros], dim=2)
+        if mask is not None:
+            mask = F.pad(mask, (0, 1))
+    scores = torch.matmul(q * (1.0 / math.sqrt(hd)), k.transpose(-2, -1))
+    if mask is not None:
+        scores = scores + mask
+    weights = torch.softmax(scores, dim=-1)
+    if module.dropout > 0.0 and module.training:
+        weights = F.dropout(weights, p=module.dropout, training=True)
+    attended = torch.matmul(weights, v).transpose(1, 2).reshape(batch, tgt, emb)
+    out = rec.linear(
+        attended,
+        module.out_proj.weight,
+        module.out_proj.bias,
+        (
+            "out_proj.weight",
+            None,
+            "out_proj.bias" if module.out_proj.bias is not None else None,
+            None,
+        ),
+    )
+    if not module.batch_first:
+        out = out.transpose(0, 1)
+    if not need_weights:
+        return out, None
+    return out, weights.mean(dim=1) if average_attn_weights else weights
+
+
+# ---------------------------------------------------------------- registry
+
+Forward = Callable[..., Any]
+
+#: Layer types whose forward is replaced by a decomposed one while a batch is recorded.
+DECOMPOSED_LAYER_TYPES: dict[type[nn.Module], Forward] = {
+    nn.RNN: rnn_forward,
+    nn.GRU: rnn_forward,
+    nn.LSTM: rnn_forward,
+    nn.MultiheadAttention: mha_forward,
+}
+
+
+def supports_decomposed(module: nn.Module) -> bool:
+    """Whether ``module`` is one of :data:`DECOMPOSED_LAYER_TYPES` (or a subclass that keeps
+    its ``forward``)."""
+    for kind in DECOMPOSED_LAYER_TYPES:
+        if isinstance(module, kind):
+            return type(module).forward is kind.forward
+    return False

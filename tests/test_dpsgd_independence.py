@@ -1,0 +1,412 @@
+"""Sensitivity one can rely on: the independence check, mixed precision, leave-one-out.
+
+* models that mix the examples of a batch (hand-written batch normalisation using batch
+  statistics only in ``self.training``, example-mixing operations, a mix that starts late,
+  a first Poisson batch of one example) are refused *before* the optimiser releases anything,
+  with an error naming the layer or operation;
+* models that do not mix (dropout, eval-mode statistics, running buffers) pass, and the check
+  leaves no trace (buffers, RNG, seeded training results);
+* under bfloat16/float16 parameters and autocast, every clipped per-example gradient has norm
+  at most C (measured in float64), and the optimiser adds noise before rounding;
+* leave-one-out through the whole optimiser: removing one example moves the update by at
+  most C (times lr / (q n)), for every supported model, and refused models change nothing.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import Tensor, nn  # noqa: E402
+
+from renyi.dpsgd.clipping import ClippedGradientEngine  # noqa: E402
+from renyi.dpsgd.grad_sample import UnsupportedModelError  # noqa: E402
+from renyi.dpsgd.independence import CheckSchedule, ExampleMixingError  # noqa: E402
+from renyi.dpsgd.optimizer import DPOptimizer  # noqa: E402
+from renyi.dpsgd.sampler import PoissonSampler, SeededRandomSource  # noqa: E402
+from renyi.errors import InsecureRandomnessWarning  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> None:
+    warnings.simplefilter("ignore", InsecureRandomnessWarning)
+
+
+class HandBatchNorm(nn.Module):
+    """Batch statistics in training mode, running statistics in eval mode (as BatchNorm)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(d))
+        self.register_buffer("var", torch.ones(d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training:
+            m, v = x.mean(0), x.var(0, unbiased=False)
+            with torch.no_grad():
+                self.mean.mul_(0.9).add_(0.1 * m)
+                self.var.mul_(0.9).add_(0.1 * v)
+        else:
+            m, v = self.mean, self.var
+        return (x - m) / torch.sqrt(v + 1e-5)
+
+
+class MixInForward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 6)
+        self.fc2 = nn.Linear(6, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.tanh(self.fc1(x))
+        h = h + 0.5 * h.mean(dim=0, keepdim=True)  # mixes examples, in plain tensor code
+        return self.fc2(h)
+
+
+class LateMixer(nn.Module):
+    """Independent until ``mix`` is switched on (a model that changes during training)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 6)
+        self.fc2 = nn.Linear(6, 3)
+        self.mix = False
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.tanh(self.fc1(x))
+        if self.mix:
+            h = h - h.detach().mean(
+                dim=0, keepdim=True
+            )  # no gradient path: only batch-of-one sees it
+        return self.fc2(h)
+
+
+def bn_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 6), HandBatchNorm(6), nn.Tanh(), nn.Linear(6, 3))
+
+
+def _optimizer(model: nn.Module, **engine_kwargs: Any) -> DPOptimizer:
+    from renyi.dpsgd.clipping import ClippedGradientEngine as Engine
+
+    sampler = PoissonSampler(100, 0.1, 50, random_source=SeededRandomSource(0))
+    engine = Engine(model, nn.CrossEntropyLoss(), max_grad_norm=1.0, **engine_kwargs)
+    return DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        model=model,
+        loss_fn=nn.CrossEntropyLoss(),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        sampler=sampler,
+        accountant=None,
+        random_source=SeededRandomSource(1),
+        engine=engine,
+    )
+
+
+def _snapshot(model: nn.Module) -> dict[str, Tensor]:
+    return {n: p.detach().clone() for n, p in model.state_dict().items()}
+
+
+def _refused_before_update(model: nn.Module, x: Tensor, y: Tensor, match: str) -> Any:
+    opt = _optimizer(model)
+    before = _snapshot(model)
+    with pytest.raises(UnsupportedModelError, match=match) as info:
+        opt.zero_grad()
+        opt.accumulate(x, y)
+        opt.step()
+    after = _snapshot(model)
+    assert opt.steps_taken == 0
+    assert all(torch.equal(before[n], after[n]) for n in before)  # buffers too
+    assert all(p.grad is None for p in model.parameters())
+    return info.value
+
+
+# ---------------------------------------------------------------- refusals
+
+
+def test_hand_written_batch_norm_in_training_mode_is_refused_naming_the_layer() -> None:
+    torch.manual_seed(0)
+    model = bn_model().train()
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    err = _refused_before_update(model, x, y, r"layer '1' \(HandBatchNorm\) mixes the examples")
+    assert isinstance(err, ExampleMixingError)
+    assert "training mode" in str(err)
+    # in eval mode it uses running statistics: independent, accepted
+    model.eval()
+    engine = ClippedGradientEngine(model, nn.CrossEntropyLoss(), max_grad_norm=1.0)
+    engine.clipped_grad_sum(x, y)
+
+
+def test_mixing_operation_on_a_first_batch_of_one_is_padded_and_refused() -> None:
+    torch.manual_seed(1)
+    model = MixInForward()
+    x, y = torch.randn(1, 4), torch.tensor([2])  # the first Poisson batch has one example
+    _refused_before_update(
+        model,
+        x,
+        y,
+        r"an operation in the forward of layer '<root>' \(MixInForward\) "
+        r"before layer 'fc2'",
+    )
+
+
+def test_mixing_that_starts_late_is_caught_by_a_later_random_check() -> None:
+    torch.manual_seed(2)
+    model = LateMixer()
+    engine = ClippedGradientEngine(
+        model, nn.CrossEntropyLoss(), max_grad_norm=1.0, check_budget=1.0
+    )
+    x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+    for _ in range(3):
+        engine.clipped_grad_sum(x, y)
+    model.mix = True
+    with pytest.raises(ExampleMixingError, match="mixes the examples"):
+        for _ in range(50):  # checked with probability 1 under a 100 % budget
+            engine.clipped_grad_sum(x, y)
+    assert engine.schedule.checks >= 2  # the first two passed; a later random one refused
+
+
+def test_parameter_used_outside_its_module_is_not_blamed_on_mixing() -> None:
+    class Leaky(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: Tensor) -> Tensor:
+            return self.fc(x) + x @ self.fc.weight.t()
+
+    torch.manual_seed(0)
+    engine = ClippedGradientEngine(Leaky(), nn.CrossEntropyLoss(), max_grad_norm=1.0)
+    with pytest.raises(UnsupportedModelError, match="outside the forward") as info:
+        engine.clipped_grad_sum(torch.randn(3, 4), torch.randint(0, 4, (3,)))
+    assert not isinstance(info.value, ExampleMixingError)
+
+
+# ---------------------------------------------------------------- no false alarms, no trace
+
+
+def test_dropout_and_running_buffers_pass_and_the_check_leaves_no_trace() -> None:
+    class RunningMean(nn.Module):  # per-example output; a buffer updated in training
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("seen", torch.zeros(()))
+
+        def forward(self, x: Tensor) -> Tensor:
+            if self.training:
+                self.seen += x.shape[0]
+            return x
+
+    def make() -> nn.Module:
+        torch.manual_seed(3)
+        return nn.Sequential(
+            nn.Linear(4, 16), RunningMean(), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3)
+        ).train()
+
+    x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+    results = []
+    for check in (True, False):
+        model = make()
+        engine = ClippedGradientEngine(
+            model, nn.CrossEntropyLoss(), max_grad_norm=0.5, self_check=check
+        )
+        torch.manual_seed(11)
+        sums, _, _ = engine.clipped_grad_sum(x, y)
+        results.append((sums, float(model[1].seen), torch.rand(1)))
+    (a, seen_a, r_a), (b, seen_b, r_b) = results
+    assert seen_a == seen_b == 5.0  # the check's forward passes did not count
+    assert torch.equal(r_a, r_b)  # nor move the RNG
+    assert all(torch.equal(a[n], b[n]) for n in a)  # same dropout masks, same sums
+
+
+def test_check_schedule_stays_within_its_budget() -> None:
+    sched = CheckSchedule(first=2, budget=0.02, seed=0)
+    spent = total = 0.0
+    checks = 0
+    for _ in range(20000):
+        if sched.due():
+            sched.record_check(0.5)  # a check costs half a step
+            spent += 0.5
+            checks += 1
+        sched.record_step(1.0)
+        total += 1.0
+    assert checks > 2  # later steps are checked too
+    assert spent <= 0.02 * total + 0.5 + 1.0  # the first checks and one more at most
+
+
+# ---------------------------------------------------------------- mixed precision
+
+
+def _clipped_norms_each_alone(
+    model: nn.Module, x: Tensor, y: Tensor, c: float, ctx: Callable[[], Any]
+) -> list[float]:
+    engine = ClippedGradientEngine(model, nn.CrossEntropyLoss(), max_grad_norm=c)
+    out = []
+    for i in range(x.shape[0]):
+        with ctx():
+            sums, _, _ = engine.clipped_grad_sum(x[i : i + 1], y[i : i + 1])
+        out.append(float(torch.sqrt(sum(v.double().pow(2).sum() for v in sums.values()))))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_parameters_clip_to_at_most_c(dtype: torch.dtype) -> None:
+    import contextlib
+
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3)).to(dtype)
+    x, y = (10 * torch.randn(12, 8)).to(dtype), torch.randint(0, 3, (12,))
+    norms = _clipped_norms_each_alone(model, x, y, 0.01, contextlib.nullcontext)
+    assert max(norms) <= 0.01
+    assert min(norms) > 0.0099  # clipped, not zeroed
+    engine = ClippedGradientEngine(model, nn.CrossEntropyLoss(), max_grad_norm=0.01, mode="ghost")
+    sums, _, _ = engine.clipped_grad_sum(x, y)
+    assert {v.dtype for v in sums.values()} == {torch.float32}
+
+
+def test_autocast_bfloat16_clips_to_at_most_c_in_ghost_mode() -> None:
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+    x, y = 10 * torch.randn(12, 8), torch.randint(0, 3, (12,))
+
+    def ctx() -> Any:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    norms = _clipped_norms_each_alone(model, x, y, 0.01, ctx)
+    assert max(norms) <= 0.01 and min(norms) > 0.0099
+    engine = ClippedGradientEngine(model, nn.CrossEntropyLoss(), max_grad_norm=0.01, mode="ghost")
+    with ctx():
+        engine.clipped_grad_sum(x, y)  # no refusal blaming parameter sharing
+    assert engine.mode == "ghost"
+
+
+def test_bfloat16_optimizer_step_adds_noise_before_rounding() -> None:
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Linear(8, 3)).to(torch.bfloat16)
+    opt = _optimizer(model)
+    assert opt._noise_dtype() == torch.float32
+    x, y = torch.randn(5, 8, dtype=torch.bfloat16), torch.randint(0, 3, (5,))
+    opt.zero_grad()
+    opt.accumulate(x, y)
+    opt.step()
+    assert all(p.grad is not None and p.grad.dtype == torch.bfloat16 for p in model.parameters())
+
+
+# ---------------------------------------------------------------- leave-one-out
+
+
+class TinyCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 3, 3)
+        self.norm = nn.GroupNorm(1, 3)
+        self.fc = nn.Linear(3 * 4 * 4, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(torch.relu(self.norm(self.conv(x))).flatten(1))
+
+
+class LSTMClassifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 6)
+        self.rnn = nn.LSTM(6, 5, batch_first=True, bidirectional=True)
+        self.fc = nn.Linear(10, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out, _ = self.rnn(self.emb(x))
+        return self.fc(out[:, -1])
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.enc(self.emb(x)).mean(dim=1))
+
+
+def _models() -> list[tuple[str, Callable[[], nn.Module], Callable[[int], Tensor]]]:
+    return [
+        (
+            "mlp",
+            lambda: nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)),
+            lambda n: torch.randn(n, 4),
+        ),
+        ("cnn", TinyCNN, lambda n: torch.randn(n, 1, 6, 6)),
+        ("lstm", LSTMClassifier, lambda n: torch.randint(0, 20, (n, 5))),
+        ("gru", lambda: nn.Sequential(_GRUHead()), lambda n: torch.randn(n, 5, 4)),
+        ("transformer", TinyTransformer, lambda n: torch.randint(0, 20, (n, 6))),
+    ]
+
+
+class _GRUHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.GRU(4, 5)  # sequence-first
+        self.fc = nn.Linear(5, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        _, h = self.rnn(x.transpose(0, 1))  # uses h_n
+        return self.fc(h[-1])
+
+
+@pytest.mark.parametrize("name", [m[0] for m in _models()])
+def test_leave_one_out_through_the_optimizer_moves_the_update_by_at_most_c(name: str) -> None:
+    _, make, data = next(m for m in _models() if m[0] == name)
+    torch.manual_seed(7)
+    base = make().double()
+    x = data(4)
+    x = x.double() if x.is_floating_point() else x
+    y = torch.randint(0, 3, (4,))
+    c, lr, qn = 0.05, 1.0, 10.0  # PoissonSampler(100, 0.1): q n = 10
+
+    def step(keep: list[int]) -> dict[str, Tensor]:
+        model = make().double()
+        model.load_state_dict(base.state_dict())
+        sampler = PoissonSampler(100, 0.1, 50, random_source=SeededRandomSource(0))
+        engine = ClippedGradientEngine(
+            model, nn.CrossEntropyLoss(), max_grad_norm=c, self_check=False
+        )
+        opt = DPOptimizer(
+            torch.optim.SGD(model.parameters(), lr=lr),
+            model=model,
+            loss_fn=nn.CrossEntropyLoss(),
+            noise_multiplier=1.0,
+            max_grad_norm=c,
+            sampler=sampler,
+            accountant=None,
+            random_source=SeededRandomSource(3),  # the same noise in both runs
+            engine=engine,
+        )
+        assert opt.engine.mode == "ghost"  # type: ignore[attr-defined]
+        idx = torch.tensor(keep)
+        opt.zero_grad()
+        opt.accumulate(x[idx], y[idx])
+        opt.step()
+        return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    full = step(list(range(4)))
+    worst = 0.0
+    for i in range(4):
+        loo = step([j for j in range(4) if j != i])
+        diff = sum(float((full[n] - loo[n]).pow(2).sum()) for n in full) ** 0.5
+        worst = max(worst, diff * qn / lr)
+    assert worst <= c * (1 + 1e-9)
+    assert worst > 0.5 * c  # something was clipped and moved
+
+
+@pytest.mark.parametrize("make", [bn_model, MixInForward])
+def test_refused_models_change_nothing_even_on_one_example(make: Callable[[], nn.Module]) -> None:
+    torch.manual_seed(8)
+    model = make()
+    _refused_before_update(model, torch.randn(1, 4), torch.tensor([1]), "mixes the examples")

@@ -1,0 +1,330 @@
+"""Recurrent and attention layers, and user rules: per-example gradients against batch-of-one.
+
+Reference: torch's own modules (fused RNN kernels, ``nn.MultiheadAttention``) run on each
+example alone with plain autograd. Checked in float64, float32 and under bfloat16 autocast,
+for every RNN/GRU/LSTM option (layers, directions, batch_first, projections, initial
+states, outputs or final states) and attention options (masks, separate k/v dimensions,
+cross-attention, TransformerEncoderLayer), in ghost mode (never whole-model vmap).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import Tensor, nn  # noqa: E402
+
+from renyi.dpsgd.clipping import ClippedGradientEngine  # noqa: E402
+from renyi.dpsgd.grad_sample import UnsupportedModelError  # noqa: E402
+from renyi.dpsgd.registry import register_grad_sampler, unregister_grad_sampler  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def loss_fn(out: Tensor, y: Tensor) -> Tensor:
+    o = out.flatten(1)
+    return (torch.tanh(o) * y.flatten(1)).sum(1) + 0.1 * (o * o).sum(1)
+
+
+def loop_grads(model: nn.Module, x: Tensor, y: Tensor, ctx: Callable[[], Any]) -> list[Tensor]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    rows = []
+    for i in range(x.shape[0]):
+        with ctx():
+            loss = loss_fn(model(x[i : i + 1]), y[i : i + 1]).sum()
+        g = torch.autograd.grad(loss, params, allow_unused=True)
+        rows.append(
+            torch.cat(
+                [
+                    (torch.zeros_like(p) if gi is None else gi).double().flatten()
+                    for p, gi in zip(params, g, strict=True)
+                ]
+            )
+        )
+    return rows
+
+
+def engine_grads(
+    model: nn.Module, x: Tensor, y: Tensor, ctx: Callable[[], Any]
+) -> tuple[list[Tensor], str]:
+    """Each example's gradient from the engine: clipped sums with one-hot (huge C) batches
+    would hide nothing, so read the per-example gradients via norms and a sum of one."""
+    engine = ClippedGradientEngine(model, loss_fn, max_grad_norm=1e12, mode="ghost")
+    rows = []
+    with ctx():
+        norms = engine.per_example_norms(x, y)
+        sums, _, _ = engine.clipped_grad_sum(x, y)
+    total = torch.cat([v.double().flatten() for v in sums.values()])
+    rows.append(total)
+    rows.append(torch.sqrt(sum(v.pow(2) for v in norms.values())))
+    return rows, engine.mode
+
+
+def check(model: nn.Module, x: Tensor, y: Tensor, dtype: str) -> None:
+    import contextlib
+
+    ctx: Callable[[], Any] = contextlib.nullcontext
+    if dtype == "float64":
+        model = model.double()
+        x = x.double() if x.is_floating_point() else x
+        y = y.double()
+        tol = 1e-9
+    elif dtype == "float32":
+        tol = 2e-4
+    else:
+
+        def ctx() -> Any:
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+
+        tol = 6e-2
+    try:
+        with ctx():
+            model(x[:1])
+    except RuntimeError as err:  # e.g. oneDNN's bf16 multi-layer LSTM on this CPU
+        pytest.skip(f"torch's own module cannot run this configuration: {err}")
+    ref = loop_grads(model, x, y, ctx)
+    (total, norms), mode = engine_grads(model, x, y, ctx)
+    assert mode == "ghost"
+    want_total = torch.stack(ref).sum(0)
+    want_norms = torch.stack([r.norm() for r in ref])
+    scale = float(torch.stack(ref).abs().sum(0).norm())
+    assert float((total - want_total).norm()) <= tol * scale
+    assert torch.allclose(norms, want_norms, rtol=tol, atol=tol * float(want_norms.max()))
+
+
+class RNNModel(nn.Module):
+    def __init__(self, cls: type[nn.RNNBase], use: str, batch_first: bool, **kw: Any) -> None:
+        super().__init__()
+        self.rnn = cls(3, 4, batch_first=batch_first, **kw)
+        self.use, self.batch_first = use, batch_first
+        d = 2 if kw.get("bidirectional") else 1
+        out = kw.get("proj_size", 0) or 4
+        self.fc = nn.Linear(out * d, 2)
+        self.h0 = kw.get("num_layers", 1) * d
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.batch_first:
+            x = x.transpose(0, 1)
+        if self.use == "h0":  # a given initial state (depends on the example: x's mean)
+            b = x.shape[0] if self.batch_first else x.shape[1]
+            hsize = self.rnn.proj_size if getattr(self.rnn, "proj_size", 0) else 4
+            h = torch.tanh(x.mean(dim=(1 if self.batch_first else 0)))[:, :1].expand(b, hsize)
+            h0 = h.unsqueeze(0).repeat(self.h0, 1, 1).contiguous()
+            if isinstance(self.rnn, nn.LSTM):
+                c0 = torch.zeros(self.h0, b, 4, dtype=x.dtype)
+                out, _ = self.rnn(x, (h0, c0))
+            else:
+                out, _ = self.rnn(x, h0)
+            return self.fc(out.mean(dim=1 if self.batch_first else 0))
+        out, state = self.rnn(x)
+        if self.use == "hn":
+            h = state[0] if isinstance(state, tuple) else state
+            d = 2 if self.rnn.bidirectional else 1
+            return self.fc(torch.cat([h[-d + k] for k in range(d)], dim=1))
+        last = out[:, -1] if self.batch_first else out[-1]
+        return self.fc(last)
+
+
+RNN_CASES = [
+    (nn.RNN, "out", True, {}),
+    (nn.RNN, "hn", False, {"nonlinearity": "relu", "num_layers": 2}),
+    (nn.GRU, "out", False, {"bidirectional": True}),
+    (nn.GRU, "hn", True, {"num_layers": 2, "bias": False}),
+    (nn.GRU, "h0", True, {}),
+    (nn.LSTM, "out", True, {"num_layers": 2, "bidirectional": True}),
+    (nn.LSTM, "hn", False, {}),
+    (nn.LSTM, "out", True, {"proj_size": 2}),
+    (nn.LSTM, "h0", False, {"bidirectional": True}),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bf16-autocast"])
+@pytest.mark.parametrize("case", range(len(RNN_CASES)))
+def test_recurrent_layers_match_batch_of_one(case: int, dtype: str) -> None:
+    cls, use, bf, kw = RNN_CASES[case]
+    torch.manual_seed(case)
+    model = RNNModel(cls, use, bf, **kw)
+    x, y = torch.randn(3, 5, 3), torch.randn(3, 2)
+    check(model, x, y, dtype)
+
+
+class Attn(nn.Module):
+    def __init__(self, variant: str) -> None:
+        super().__init__()
+        self.variant = variant
+        kw: dict[str, Any] = {"batch_first": variant != "seq_first"}
+        if variant == "kvdim":
+            kw.update(kdim=3, vdim=5)
+        if variant == "zero_attn":
+            kw.update(add_zero_attn=True, bias=False)
+        self.att = nn.MultiheadAttention(4, 2, **kw)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        q = x[..., :4]
+        if self.variant == "kvdim":
+            k, v = x[..., 1:4], torch.cat([x, x[..., :1]], dim=-1)
+            out, _ = self.att(q, k, v)
+        elif self.variant == "seq_first":
+            qs = q.transpose(0, 1)
+            out, _ = self.att(qs, qs, qs)
+            out = out.transpose(0, 1)
+        elif self.variant == "masks":
+            causal = torch.ones(t, t, dtype=torch.bool).triu(1)
+            pad = torch.zeros(b, t, dtype=torch.bool)
+            pad[:, -1] = x[:, 0, 0] > 0  # example-dependent padding
+            pad[:, 0] = False
+            out, w = self.att(q, q, q, attn_mask=causal, key_padding_mask=pad)
+            out = out + w.sum(-1, keepdim=True)
+        elif self.variant == "cross":
+            out, _ = self.att(q, torch.tanh(q), q.flip(1), need_weights=False)
+        else:
+            out, _ = self.att(q, q, q)
+        return self.fc(out.mean(dim=1))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bf16-autocast"])
+@pytest.mark.parametrize("variant", ["self", "seq_first", "kvdim", "masks", "cross", "zero_attn"])
+def test_attention_matches_batch_of_one(variant: str, dtype: str) -> None:
+    torch.manual_seed(1)
+    model = Attn(variant)
+    x, y = torch.randn(3, 5, 4), torch.randn(3, 2)
+    check(model, x, y, dtype)
+
+
+class Encoder(nn.Module):
+    def __init__(self, **kw: Any) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True, **kw)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        t = x.shape[1]
+        mask = nn.Transformer.generate_square_subsequent_mask(t, dtype=x.dtype)
+        return self.fc(self.enc(x, mask=mask, is_causal=True).mean(dim=1))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bf16-autocast"])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_encoder_matches_batch_of_one(norm_first: bool, dtype: str) -> None:
+    torch.manual_seed(2)
+    model = Encoder(norm_first=norm_first)
+    x, y = torch.randn(3, 6, 8), torch.randn(3, 2)
+    check(model, x, y, dtype)
+
+
+def test_dropout_inside_rnn_and_attention_trains_with_our_masks() -> None:
+    """With dropout, the decomposed forward *is* the training forward: the clipped sum of a
+    batch with C = inf equals the gradient of the summed loss of that same forward."""
+    torch.manual_seed(3)
+    model = nn.Sequential()
+    rnn = nn.LSTM(4, 4, num_layers=2, dropout=0.5, batch_first=True)
+    att = nn.MultiheadAttention(4, 2, dropout=0.5, batch_first=True)
+    x, y = torch.randn(4, 5, 4), torch.randn(4, 2)
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn, self.att, self.fc = rnn, att, nn.Linear(4, 2)
+
+        def forward(self, x: Tensor) -> Tensor:
+            h, _ = self.rnn(x)
+            return self.fc(self.att(h, h, h)[0].mean(1))
+
+    model = M().double().train()
+    engine = ClippedGradientEngine(model, loss_fn, max_grad_norm=1e12)
+    torch.manual_seed(9)
+    sums, _, norms = engine.clipped_grad_sum(x.double(), y.double())
+    assert engine.mode == "ghost" and bool(torch.isfinite(norms).all())
+    assert all(bool(torch.isfinite(v).all()) for v in sums.values())
+
+
+def test_packed_sequences_and_unbatched_inputs_get_our_error() -> None:
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    class Packed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = nn.GRU(3, 4, batch_first=True)
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x: Tensor) -> Tensor:
+            packed = pack_padded_sequence(x, [x.shape[1]] * x.shape[0], batch_first=True)
+            _, h = self.rnn(packed)
+            return self.fc(h[-1])
+
+    engine = ClippedGradientEngine(Packed(), loss_fn, max_grad_norm=1.0)
+    with pytest.raises(UnsupportedModelError, match="PackedSequence"):
+        engine.clipped_grad_sum(torch.randn(2, 4, 3), torch.randn(2, 2))
+    att = nn.MultiheadAttention(4, 2, add_bias_kv=True, batch_first=True)
+
+    class BiasKV(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.att = att
+
+        def forward(self, x: Tensor) -> Tensor:
+            return self.att(x, x, x)[0].sum(1)
+
+    engine = ClippedGradientEngine(BiasKV(), loss_fn, max_grad_norm=1.0)
+    with pytest.raises(UnsupportedModelError, match="add_bias_kv"):
+        engine.clipped_grad_sum(torch.randn(2, 3, 4), torch.randn(2, 4))
+
+
+# ---------------------------------------------------------------- registry
+
+
+class Scale(nn.Module):
+    """A custom layer the engine has no rule for: y = x * s + t."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.s = nn.Parameter(torch.randn(d))
+        self.t = nn.Parameter(torch.randn(d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.s + self.t
+
+
+def _scale_rule(
+    layer: nn.Module, activations: list[Tensor], backprops: Tensor
+) -> dict[Any, Tensor]:
+    x = activations[0]
+    dims = tuple(range(1, x.ndim - 1))
+    if not dims:
+        return {layer.s: x * backprops, "t": backprops}
+    return {layer.s: (x * backprops).sum(dim=dims), "t": backprops.sum(dim=dims)}
+
+
+def _wrong_rule(
+    layer: nn.Module, activations: list[Tensor], backprops: Tensor
+) -> dict[Any, Tensor]:
+    x = activations[0]
+    return {layer.s: x * backprops * 1.01, layer.t: backprops}
+
+
+def test_registered_rule_is_used_and_checked_against_batch_of_one() -> None:
+    torch.manual_seed(4)
+    try:
+        register_grad_sampler(Scale, _scale_rule, example=(Scale(3), (torch.randn(4, 5, 3),)))
+        model = nn.Sequential(nn.Linear(3, 3), Scale(3), nn.Tanh(), nn.Linear(3, 2))
+        engine = ClippedGradientEngine(model, loss_fn, max_grad_norm=1.0, mode="ghost")
+        assert engine.mode == "ghost"
+        check(model, torch.randn(4, 3), torch.randn(4, 2), "float64")
+        model = nn.Sequential(nn.Linear(3, 3), Scale(3), nn.Tanh(), nn.Linear(3, 2))
+        with pytest.raises(UnsupportedModelError, match=r"Scale is wrong for parameter 's'"):
+            register_grad_sampler(Scale, _wrong_rule, example=(Scale(3), (torch.randn(4, 3),)))
+        # registered without an example: checked on the first batch that uses it
+        register_grad_sampler(Scale)(_wrong_rule)
+        engine = ClippedGradientEngine(model, loss_fn, max_grad_norm=1.0)
+        with pytest.raises(UnsupportedModelError, match="wrong for parameter 's'"):
+            engine.clipped_grad_sum(torch.randn(4, 3), torch.randn(4, 2))
+    finally:
+        unregister_grad_sampler(Scale)
+    engine = ClippedGradientEngine(model, loss_fn, max_grad_norm=1.0)
+    assert engine.mode == "hybrid"  # back to per-layer vmap
