@@ -175,6 +175,7 @@ class _Recording:
         self.edges: list[GradientEdge] = []
         self.grads: list[Tensor | None] = []
         self.backward_seen = False
+        self.active = True  # capture mode: only during the root module's forward
 
     def register(self, t: Tensor) -> int:
         slot = len(self.grads)
@@ -392,6 +393,18 @@ class ClippedGradientEngine:
         return layers, layerwise
 
     @property
+    def max_grad_norm(self) -> float | dict[str, float]:
+        """The clipping norm ``C`` (per-layer clipping: ``{name: C_l}``). Settable for flat
+        and automatic clipping (e.g. adaptive clipping changes it between steps)."""
+        return self._max_norm
+
+    @max_grad_norm.setter
+    def max_grad_norm(self, value: float) -> None:
+        if self.clipping == "per_layer":
+            raise fail("max_grad_norm", value, "unchanged with clipping='per_layer'")
+        self._max_norm = check_positive("max_grad_norm", value)
+
+    @property
     def sensitivity(self) -> float:
         """L2 bound on each clipped per-example gradient (flat/automatic: ``C``; per-layer:
         ``sqrt(sum_l C_l^2)``): the sensitivity of the clipped sum under add/remove-one."""
@@ -555,6 +568,8 @@ class ClippedGradientEngine:
                 module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
             ) -> None:
                 rec = holder[0]
+                if not rec.active:
+                    return
                 ids: list[int | None] = [
                     rec.register(o) if o.requires_grad else None for o in _flatten_outputs(output)
                 ]
@@ -571,6 +586,8 @@ class ClippedGradientEngine:
             fn = next(f for k, f in DECOMPOSED_LAYER_TYPES.items() if isinstance(module, k))
 
             def forward(*args: Any, **kwargs: Any) -> Any:
+                if not holder[0].active:  # called outside a recorded forward: torch's own
+                    return type(module).forward(module, *args, **kwargs)
                 return fn(module, holder[0].recorders[name], *args, **kwargs)
 
             return forward
