@@ -78,6 +78,7 @@ def main() -> None:
     n, b, sigma, e, delta = a.n, a.batch_size, a.sigma, a.epochs, a.delta
     print(f"n={n} b={b} sigma={sigma} epochs={e} delta={delta:g}")
     print(f"{'sampler':18} {'ours rdp':>9} {'ours pld':>9} {'dp_acc':>9} {'lower':>9}  notes")
+    eps_poisson = math.nan
     for sampling in SAMPLINGS:
         per_epoch = {"random-allocation": n // b, "shuffle": -(-n // b)}.get(sampling, n / b)
         steps = math.ceil(e * per_epoch)
@@ -94,13 +95,15 @@ def main() -> None:
             t = int(per_epoch)
             shift = 2.0 if sampling == "shuffle" else 1.0
             lower = one_of_t_epsilon_lower_bound(t, sigma, delta, epochs=e, sensitivity=shift)
+        if sampling == "poisson":
+            eps_poisson = ours["pld"]
         if sampling == "random-allocation" and e == 1:
-            eps = ours["rdp"]
+            eps = eps_poisson  # where is allocation's true delta at Poisson's epsilon?
             est, lo, hi = allocation_delta_monte_carlo(
                 t, sigma, eps, samples=a.mc_samples, rng=np.random.default_rng(1), confidence=0.99
             )
             jd, jh = _jax_privacy_delta(t, sigma, eps, a.jax_samples)
-            notes += f"; MC delta(eps_rdp) = {est:.2e} [{lo:.2e}, {hi:.2e}]"
+            notes += f"; MC delta({eps:.4f}) = {est:.2e} [{lo:.2e}, {hi:.2e}]"
             notes += f"; jax_privacy MC {jd:.2e} +- {jh:.1e} ({a.jax_samples} samples)"
         fmt = lambda x: "n/a" if x is None or not math.isfinite(x) else f"{x:.4f}"  # noqa: E731
         print(

@@ -278,14 +278,19 @@ def allocation_delta_monte_carlo(
 
         rng = np.random.default_rng(int.from_bytes(secure_random_bytes(16), "little"))
     v = 1.0 / (sigma * sigma)
-    log_y = np.zeros(n)
-    for _ in range(e):
-        ell = rng.normal(-0.5 * v, math.sqrt(v), size=(n, t))
-        log_y += logsumexp(ell, axis=1) - math.log(t)
-    if direction == "remove":
-        vals = np.where(log_y > epsilon, np.exp(log_y) - math.exp(epsilon), 0.0)
-    else:
-        vals = np.maximum(-np.expm1(epsilon + log_y), 0.0)
+    vals = np.empty(n)
+    chunk = max(1, 4_000_000 // (t * e))  # rows per chunk: bounded memory
+    for start in range(0, n, chunk):
+        rows = min(chunk, n - start)
+        log_y = np.zeros(rows)
+        for _ in range(e):
+            ell = rng.normal(-0.5 * v, math.sqrt(v), size=(rows, t))
+            log_y += logsumexp(ell, axis=1) - math.log(t)
+        if direction == "remove":
+            part = np.where(log_y > epsilon, np.exp(log_y) - math.exp(epsilon), 0.0)
+        else:
+            part = np.maximum(-np.expm1(epsilon + log_y), 0.0)
+        vals[start : start + rows] = part
     est = float(vals.mean())
     from scipy.stats import norm
 

@@ -152,7 +152,13 @@ def _tradeoff(
         "tradeoff_accountant": best.accountant,
     }
     mu = gdp_mu(acc)
-    out["gdp_mu"] = {"mu": mu.mu, "method": mu.method, "direction": mu.direction}
+    at = gdp_mu(acc, args.delta)
+    out["gdp_mu"] = {
+        "mu": mu.mu,
+        "method": mu.method,
+        "direction": mu.direction,
+        "mu_at_delta": at.mu,
+    }
     if args.plot:
         from renyi.plots import plot_tradeoff
         from renyi.tradeoff import tradeoff_curve as full
@@ -233,6 +239,7 @@ def _epsilon(args: argparse.Namespace) -> int:
         )
         g = extra["gdp_mu"]
         print(f"  mu-GDP: mu = {g['mu']:.6g} ({g['direction']})")
+        print(f"  mu of the Gaussian with the same epsilon at delta: {g['mu_at_delta']:.6g}")
         if "plot" in extra:
             print(f"figure written to {extra['plot']}")
     return 0
