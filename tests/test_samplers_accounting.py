@@ -172,11 +172,15 @@ def test_truncated_poisson_not_below_dp_accounting() -> None:
     assert ours >= theirs * (1 - 1e-3)
     assert ours >= pois.epsilon(1e-5).epsilon
     # the PLD path (branch-revealed mixture) is as tight as dp_accounting's
-    ours_pld = epsilon_report(
-        SelfComposedEvent(TruncatedPoissonSampledEvent(n, q, b, GaussianEvent(sigma)), steps),
-        delta=1e-5,
-        accountants=["pld"],
-    ).best().epsilon
+    ours_pld = (
+        epsilon_report(
+            SelfComposedEvent(TruncatedPoissonSampledEvent(n, q, b, GaussianEvent(sigma)), steps),
+            delta=1e-5,
+            accountants=["pld"],
+        )
+        .best()
+        .epsilon
+    )
     assert theirs * (1 - 2e-3) <= ours_pld <= theirs * 1.02
     # a larger cap never costs more (the RDP mixture bound is loose: see docs/subsampling.md)
     caps = [
