@@ -3,6 +3,7 @@
 Importing this package needs ``torch``; ``import renyi`` does not.
 """
 
+from renyi.dpsgd.adaptive import AdaptiveClipDPOptimizer, adaptive_noise_multiplier
 from renyi.dpsgd.clipping import ClippedGradientEngine, clipping_weights
 from renyi.dpsgd.correlated import (
     CorrelatedOptimizer,
@@ -10,6 +11,7 @@ from renyi.dpsgd.correlated import (
     make_private_correlated,
 )
 from renyi.dpsgd.data import DatasetNotFoundError, load_digits, load_fashion_mnist
+from renyi.dpsgd.engine import GradSampleModule, MissingGradientError, PrivacyEngine
 from renyi.dpsgd.ghost import GHOST_LAYER_TYPES, supports_ghost
 from renyi.dpsgd.grad_sample import (
     NonFiniteGradientError,
@@ -45,6 +47,7 @@ from renyi.dpsgd.trainer import Trainer, TrainHistory, evaluate
 
 __all__ = [
     "GHOST_LAYER_TYPES",
+    "AdaptiveClipDPOptimizer",
     "BallsInBinsSampler",
     "ClippedGradientEngine",
     "CorrelatedOptimizer",
@@ -54,11 +57,14 @@ __all__ = [
     "EmptyBatchCollate",
     "ExampleMixingError",
     "FixedSizeSampler",
+    "GradSampleModule",
+    "MissingGradientError",
     "NonFiniteGradientError",
     "NonFiniteLossError",
     "PlanCompleteWarning",
     "PlanExceededError",
     "PoissonSampler",
+    "PrivacyEngine",
     "PrivateTraining",
     "SecureRandomSource",
     "SeededRandomSource",
@@ -68,6 +74,7 @@ __all__ = [
     "TruncatedPoissonSampler",
     "UnclippedGradientError",
     "UnsupportedModelError",
+    "adaptive_noise_multiplier",
     "check_model",
     "clipping_weights",
     "evaluate",

@@ -43,7 +43,7 @@ import torch
 
 from renyi._validation import check_int, check_positive, fail
 from renyi.dpsgd.grad_sample import NonFiniteGradientError
-from renyi.errors import BudgetExceededError, RenyiError
+from renyi.errors import BudgetExceededError, PrivacyParameterError, RenyiError
 from renyi.events import Event, Neighbouring
 
 __all__ = [
@@ -473,6 +473,8 @@ class DPOptimizer:
         result = self.original_optimizer.step()
         self._summed = None
         self._examples_seen = 0
+        if self.capture is not None:  # what it saw this step is spent (or superseded)
+            self.capture.zero_grad()
         return result
 
     def _check_plan(self) -> None:
@@ -519,14 +521,20 @@ class DPOptimizer:
                 "captured per example; nothing was released"
             )
         try:
-            sums, n, _ = self.capture.pop_clipped_sum()
+            sums, n, norms = self.capture.pop_clipped_sum()
         except RenyiError as exc:
-            if isinstance(exc, UnclippedGradientError | NonFiniteGradientError):
-                raise
+            if isinstance(
+                exc, UnclippedGradientError | NonFiniteGradientError | PrivacyParameterError
+            ):
+                raise  # a refused model or input: its own error says why
             raise UnclippedGradientError(
                 f"step() refused: no per-example gradients were captured for this step ({exc}); "
                 "nothing was released"
             ) from exc
+        self._add_captured(sums, n, norms)
+
+    def _add_captured(self, sums: dict[str, torch.Tensor], n: int, norms: torch.Tensor) -> None:
+        """Add a captured batch's clipped sums (hook for subclasses that use the norms)."""
         self.add_clipped_sum(sums, n)
 
     # -- privacy --------------------------------------------------------------------------

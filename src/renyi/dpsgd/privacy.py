@@ -122,15 +122,24 @@ class PlannedBatchSampler:
         sampler: a :class:`~renyi.dpsgd.sampler.PoissonSampler` or
             :class:`~renyi.dpsgd.sampler.FixedSizeSampler` (its ``steps`` is the plan).
         steps_per_epoch: batches per pass (default ``⌈1/q⌉``).
+        unlimited: no plan (Opacus's ``make_private`` with a noise multiplier): every pass
+            is one full pass of ``sampler`` (``sampler.steps`` batches), without end.
     """
 
     def __init__(
-        self, sampler: PoissonSampler | FixedSizeSampler, steps_per_epoch: int | None = None
+        self,
+        sampler: PoissonSampler | FixedSizeSampler,
+        steps_per_epoch: int | None = None,
+        *,
+        unlimited: bool = False,
     ) -> None:
         self.sampler = sampler
-        if steps_per_epoch is None:
+        if unlimited:
+            steps_per_epoch = sampler.steps
+        elif steps_per_epoch is None:
             steps_per_epoch = max(1, math.ceil(1.0 / sampler.sample_rate - 1e-9))
         self.steps_per_epoch = check_int("steps_per_epoch", steps_per_epoch, 1)
+        self.unlimited = bool(unlimited)
         self._it: Any = None
         self._drawn = 0
 
@@ -145,6 +154,8 @@ class PlannedBatchSampler:
 
     def __len__(self) -> int:
         """Batches of the next pass (an epoch, the rest of one, or 0 after the plan)."""
+        if self.unlimited:
+            return self.steps_per_epoch
         remaining = self.steps - self._drawn
         return min(remaining, self.steps_per_epoch - self._drawn % self.steps_per_epoch)
 
@@ -158,6 +169,11 @@ class PlannedBatchSampler:
                 PlanCompleteWarning,
                 stacklevel=2,
             )
+            return
+        if self.unlimited:
+            for batch in self.sampler:
+                self._drawn += 1
+                yield batch
             return
         if self._it is None:
             self._it = iter(self.sampler)
@@ -225,6 +241,7 @@ def private_data_loader(
     sampler: PoissonSampler | FixedSizeSampler,
     *,
     steps_per_epoch: int | None = None,
+    unlimited: bool = False,
 ) -> Any:
     """An iterable of batches drawn by ``sampler``, in epochs, ending after the planned steps.
 
@@ -234,7 +251,7 @@ def private_data_loader(
     batches are collated by :class:`EmptyBatchCollate`. A ``TensorDataset`` without a loader
     takes a fast path (one indexing per batch).
     """
-    batches = PlannedBatchSampler(sampler, steps_per_epoch)
+    batches = PlannedBatchSampler(sampler, steps_per_epoch, unlimited=unlimited)
     if isinstance(data, DataLoader):
         dataset = dataset_of(data)
         settings = {k: getattr(data, k) for k in _KEPT_LOADER_SETTINGS if hasattr(data, k)}

@@ -1,0 +1,566 @@
+"""``PrivacyEngine``: Opacus's entry point, with renyi's clipping, noise and accounting.
+
+An Opacus script ports by changing its import line::
+
+    from renyi.dpsgd import PrivacyEngine          # was: from opacus import PrivacyEngine
+
+    privacy_engine = PrivacyEngine()
+    model, optimizer, train_loader = privacy_engine.make_private_with_epsilon(
+        module=model, optimizer=optimizer, data_loader=train_loader,
+        epochs=EPOCHS, target_epsilon=EPSILON, target_delta=DELTA, max_grad_norm=1.0)
+    for epoch in range(EPOCHS):
+        for data, target in train_loader:
+            optimizer.zero_grad()
+            loss = criterion(model(data), target)
+            loss.backward()                        # captured per example
+            optimizer.step()                       # clip -> noise -> scale -> account -> step
+        print(privacy_engine.get_epsilon(DELTA))
+
+``make_private`` / ``make_private_with_epsilon`` take Opacus's arguments and return
+``(module, optimizer, data_loader)`` (plus the criterion with ``grad_sample_mode="ghost"``,
+as Opacus). What differs, on purpose:
+
+* **sampling**: the loader's sampler is replaced by a Poisson one at ``q = 1/len(loader)``
+  (as Opacus), its ``collate_fn``/``num_workers``/``pin_memory`` kept; empty batches are
+  collated as zero-row tensors. ``poisson_sampling=False`` is refused: no accountant here
+  analyses the shuffled batches it would keep, and accounting them as Poisson understates ε.
+* **the plan is enforced**: with ``make_private_with_epsilon`` the loader yields
+  ``epochs × len(loader)`` batches in ``epochs`` passes and then ends, and the optimizer
+  refuses a step past them (:class:`~renyi.dpsgd.optimizer.PlanExceededError`) unless
+  ``allow_exceeding_target=True``.
+* **``loss.backward(); optimizer.step()``**: the backward through the returned module is
+  captured per example; ``step()`` clips, noises and accounts it. A backward that the capture
+  did not see (e.g. through the original, unwrapped model) is refused at ``step()``
+  (:class:`~renyi.dpsgd.optimizer.UnclippedGradientError`), never noised as it is.
+* **noise**: from the secure source always (``secure_mode`` is accepted and has nothing to
+  switch on); ``noise_generator`` is refused (pass ``seed=`` for reproducible, insecure runs).
+* **accountants**: ``"prv"`` (Opacus's default, a numerical estimate) maps to renyi's PLD
+  accountant (a proven upper bound), ``"rdp"`` to RDP; ``"gdp"`` is refused (a CLT
+  approximation, not a bound).
+
+Guarantee: as :class:`~renyi.dpsgd.optimizer.DPOptimizer`: the Poisson-subsampled Gaussian,
+add/remove neighbouring, composed over the steps taken (Abadi et al. 2016; Mironov, Talwar &
+Zhang 2019 for RDP; PLD for ``"prv"``/``"pld"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+
+from renyi._validation import check_delta, check_int, check_positive, fail
+from renyi.dpsgd.grad_sample import UnsupportedModelError
+from renyi.dpsgd.optimizer import DPOptimizer
+from renyi.errors import RenyiError
+
+__all__ = ["GradSampleModule", "MissingGradientError", "PrivacyEngine"]
+
+_ACCOUNTANTS = {"prv": "pld", "pld": "pld", "rdp": "rdp", "zcdp": "zcdp"}
+_MODES = ("hooks", "functorch", "ew", "expanded_weights", "ghost", "ghost_fsdp", "auto", "vmap")
+
+
+class MissingGradientError(RenyiError):
+    """No forward and backward of the private module was captured since the last step."""
+
+
+def _linear_surrogate(outputs: Tensor, cotangents: Tensor) -> Tensor:
+    """``<out_i, c_i>`` per example: its gradient w.r.t. the parameters is ``J_i^T c_i``."""
+    return (outputs * cotangents).reshape(outputs.shape[0], -1).sum(dim=1)
+
+
+class _Record:
+    """One forward of the module with grad enabled: its inputs, RNG state and output grad."""
+
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any], rng: Tensor, out: Tensor):
+        self.args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
+        self.kwargs = kwargs
+        self.rng = rng
+        self.out = out.detach()
+        self.grad: Tensor | None = None
+
+    def add_grad(self, g: Tensor) -> None:
+        g = g.detach()
+        self.grad = g.clone() if self.grad is None else self.grad + g
+
+
+class _ReplayCapture:
+    """Per-example clipped sums of the user's own ``loss.backward()``, by replay.
+
+    Records every forward of ``module`` with grad enabled (inputs, CPU RNG state) and the
+    gradient ``dL/dy`` that the backward brings to its output. At ``pop_clipped_sum`` the
+    clipping engine runs on the recorded inputs with the linear surrogate loss
+    ``<y_i, s·dL/dy_i>`` (``s`` = batch size for a mean-reduced loss, 1 for a sum), whose
+    per-example gradient is exactly example ``i``'s gradient of the user's loss when that
+    loss is a sum or mean of per-example terms (as Opacus assumes). The replay must reproduce
+    the recorded output (checked; dropout is replayed from the saved RNG state), else the
+    step is refused. Costs one extra forward and backward per step.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        max_grad_norm: float | Sequence[float],
+        clipping: str,
+        loss_reduction: str,
+        mode: str,
+    ) -> None:
+        from renyi.dpsgd.clipping import ClippedGradientEngine
+
+        if loss_reduction not in ("mean", "sum"):
+            raise fail("loss_reduction", loss_reduction, "'mean' or 'sum'")
+        self.module = module
+        self.loss_reduction = loss_reduction
+        self.engine = ClippedGradientEngine(
+            module,
+            _linear_surrogate,
+            max_grad_norm=max_grad_norm,
+            clipping=clipping,  # type: ignore[arg-type]
+            mode=mode,  # type: ignore[arg-type]
+        )
+        self._records: list[_Record] = []
+        self._replaying = False
+        self._rng: Tensor | None = None
+        self._handles = [
+            module.register_forward_pre_hook(self._pre),
+            module.register_forward_hook(self._post, with_kwargs=True),
+        ]
+
+    @property
+    def sensitivity(self) -> float:
+        return float(self.engine.sensitivity)
+
+    def _pre(self, module: nn.Module, args: Any) -> None:
+        if not self._replaying:
+            self._rng = torch.get_rng_state()
+
+    def _post(self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+        if self._replaying or not torch.is_grad_enabled() or self._rng is None:
+            return
+        if not isinstance(output, Tensor) or not output.requires_grad:
+            return
+        rec = _Record(tuple(args), dict(kwargs), self._rng, output)
+        output.register_hook(rec.add_grad)
+        self._records.append(rec)
+
+    def zero_grad(self) -> None:
+        self._records = []
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    cleanup = remove
+
+    def pop_clipped_sum(self) -> tuple[dict[str, Tensor], int, Tensor]:
+        used = [r for r in self._records if r.grad is not None]
+        self._records = []
+        if not used:
+            raise MissingGradientError(
+                "no forward and backward of the private module since the last step (was the "
+                "loss computed with the module returned by make_private, and its output a "
+                "single tensor?)"
+            )
+        if len(used) > 1:
+            raise UnsupportedModelError(
+                f"the module was called {len(used)} times in the backward of one step: the "
+                "examples of the calls cannot be told apart, so one example's gradient could "
+                "be clipped more than once; use one forward per step (for micro-batches call "
+                "optimizer.accumulate(inputs, targets) per micro-batch instead)"
+            )
+        rec = used[0]
+        if rec.kwargs:
+            raise UnsupportedModelError(
+                f"the module was called with keyword arguments {sorted(rec.kwargs)}; pass "
+                "inputs positionally (tensors batched along dim 0)"
+            )
+        grad = rec.grad
+        assert grad is not None
+        batch = int(grad.shape[0]) if grad.ndim > 0 else -1
+        bad = [
+            i
+            for i, a in enumerate(rec.args)
+            if not (isinstance(a, Tensor) and a.ndim > 0 and a.shape[0] == batch)
+        ]
+        if batch < 0 or bad or not rec.args:
+            raise UnsupportedModelError(
+                "every positional input of the module must be a tensor batched along dim 0, "
+                f"as its output ({batch} examples); inputs {bad} are not"
+            )
+        cot = grad * batch if self.loss_reduction == "mean" else grad
+        self._replaying = True
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.set_rng_state(rec.rng)
+                sums, losses, norms = self.engine.clipped_grad_sum(
+                    rec.args if len(rec.args) > 1 else rec.args[0], cot
+                )
+        finally:
+            self._replaying = False
+        if batch:
+            want = _linear_surrogate(rec.out.to(cot.dtype), cot)
+            scale = (rec.out.abs().to(cot.dtype) * cot.abs()).reshape(batch, -1).sum(dim=1)
+            if not bool(((losses - want).abs() <= 1e-4 * scale + 1e-12).all()):
+                raise UnsupportedModelError(
+                    "replaying the module's forward did not reproduce its output (randomness "
+                    "not from torch's CPU generator, such as dropout under vmap, or the model "
+                    "changed between forward and step); call optimizer.accumulate(inputs, "
+                    "targets) with the loss given to make_private(criterion=...) instead"
+                )
+        return sums, batch, norms
+
+
+def _make_capture(
+    module: nn.Module,
+    *,
+    max_grad_norm: float | Sequence[float],
+    clipping: str,
+    loss_reduction: str,
+    mode: str,
+) -> Any:
+    """The hook capture of :mod:`renyi.dpsgd.capture` when present, else the replay one."""
+    try:
+        from renyi.dpsgd import capture as _capture  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        _capture = None
+    if _capture is not None and isinstance(max_grad_norm, int | float):
+        return _capture.PerExampleCapture(
+            module,
+            max_grad_norm=max_grad_norm,
+            clipping=clipping,
+            loss_reduction=loss_reduction,
+            mode=mode,
+        )
+    return _ReplayCapture(
+        module,
+        max_grad_norm=max_grad_norm,
+        clipping=clipping,
+        loss_reduction=loss_reduction,
+        mode=mode,
+    )
+
+
+class GradSampleModule(nn.Module):
+    """The module returned by :meth:`PrivacyEngine.make_private` (Opacus's name).
+
+    Calls the wrapped module (``_module``; ``state_dict`` keys gain the ``_module.`` prefix,
+    as Opacus's); attributes not found here are looked up on it. Its backward is captured per
+    example for the private optimizer.
+    """
+
+    def __init__(self, module: nn.Module, capture: Any) -> None:
+        super().__init__()
+        self._module = module
+        self.__dict__["capture"] = capture
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._module(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("_module"), name)
+
+    def cleanup(self) -> None:
+        """Remove the capture hooks (the module then trains non-privately)."""
+        self.capture.remove()
+
+
+class _EngineAccountant:
+    """Opacus's ``privacy_engine.accountant`` view of renyi's accountant."""
+
+    def __init__(self, name: str) -> None:
+        from renyi.accountants import make_accountant
+
+        self.name = name
+        self.accountant = make_accountant(_ACCOUNTANTS[name])
+        self.optimizers: list[DPOptimizer] = []
+
+    def mechanism(self) -> str:
+        return self.name
+
+    def _flush(self) -> None:
+        for opt in self.optimizers:
+            opt._flush()
+
+    def __len__(self) -> int:
+        return sum(opt.steps_taken for opt in self.optimizers)
+
+    @property
+    def history(self) -> list[tuple[float, float, int]]:
+        """``(noise_multiplier, sample_rate, steps)`` per private optimizer, as Opacus."""
+        return [
+            (opt.noise_multiplier, float(opt.sampler.sample_rate), opt.steps_taken)
+            for opt in self.optimizers
+        ]
+
+    def get_epsilon(self, delta: float, **_: Any) -> float:
+        """ε spent so far at ``delta`` (0 before the first step)."""
+        delta = check_delta(delta)
+        if len(self) == 0:
+            return 0.0
+        self._flush()
+        return float(self.accountant.epsilon(delta).epsilon)
+
+
+class PrivacyEngine:
+    """Opacus's ``PrivacyEngine``: make a model, optimizer and loader private (DP-SGD).
+
+    Args:
+        accountant: ``"prv"`` (default; renyi's PLD accountant, a proven bound), ``"pld"``,
+            ``"rdp"`` or ``"zcdp"``.
+        secure_mode: accepted for Opacus compatibility; renyi's noise is always drawn from the
+            secure source (a ``seed`` passed to ``make_private`` is the only way to get an
+            insecure, reproducible run).
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> data = TensorDataset(torch.randn(100, 4), torch.randint(0, 2, (100,)))
+        >>> model = torch.nn.Linear(4, 2)
+        >>> engine = PrivacyEngine(accountant="rdp")
+        >>> model, optimizer, loader = engine.make_private_with_epsilon(
+        ...     module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        ...     data_loader=DataLoader(data, batch_size=10), epochs=1,
+        ...     target_epsilon=3.0, target_delta=1e-5, max_grad_norm=1.0)
+        >>> len(loader), optimizer.max_steps
+        (10, 10)
+    """
+
+    def __init__(self, *, accountant: str = "prv", secure_mode: bool = False) -> None:
+        if accountant == "gdp":
+            raise fail(
+                "accountant",
+                accountant,
+                "'prv', 'pld', 'rdp' or 'zcdp' (Opacus's 'gdp' is a central-limit "
+                "approximation, not an upper bound on ε)",
+            )
+        if accountant not in _ACCOUNTANTS:
+            raise fail("accountant", accountant, f"one of {sorted(_ACCOUNTANTS)}")
+        self.secure_mode = bool(secure_mode)
+        self.accountant = _EngineAccountant(accountant)
+
+    def get_epsilon(self, delta: float) -> float:
+        """ε spent so far by every optimizer this engine made, at ``delta``."""
+        return self.accountant.get_epsilon(delta)
+
+    # ------------------------------------------------------------------ make_private
+    def make_private(
+        self,
+        *,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        criterion: Any = None,
+        data_loader: DataLoader[Any],
+        noise_multiplier: float,
+        max_grad_norm: float | Sequence[float],
+        batch_first: bool = True,
+        loss_reduction: str = "mean",
+        poisson_sampling: bool = True,
+        clipping: str = "flat",
+        noise_generator: Any = None,
+        grad_sample_mode: str = "hooks",
+        wrap_model: bool = True,
+        rand_on_empty: bool = False,
+        epochs: int | None = None,
+        seed: int | None = None,
+        allow_exceeding_target: bool = False,
+        _target: tuple[float, float] | None = None,
+        **kwargs: Any,
+    ) -> tuple[Any, ...]:
+        """Opacus's ``make_private``: returns ``(module, optimizer, data_loader)``.
+
+        ``(module, optimizer, criterion, data_loader)`` with ``grad_sample_mode="ghost"``.
+        renyi extras: ``epochs`` (the loader then ends after ``epochs × len(loader)``
+        batches), ``seed`` (reproducible, insecure noise and sampling), and the adaptive
+        clipping arguments of Opacus (``target_unclipped_quantile``,
+        ``clipbound_learning_rate``, ``max_clipbound``, ``min_clipbound``,
+        ``unclipped_num_std``) with ``clipping="adaptive"``.
+        """
+        from renyi.dpsgd.privacy import private_data_loader
+        from renyi.dpsgd.sampler import PoissonSampler, make_random_source
+
+        if not isinstance(module, nn.Module):
+            raise fail("module", type(module).__name__, "a torch.nn.Module")
+        if not isinstance(data_loader, DataLoader):
+            raise fail("data_loader", type(data_loader).__name__, "a torch DataLoader")
+        if not batch_first:
+            raise fail("batch_first", batch_first, "True (inputs batched along dim 0)")
+        if not poisson_sampling:
+            raise fail(
+                "poisson_sampling",
+                poisson_sampling,
+                "True: the loader's own shuffled batches are not what any accountant here "
+                "analyses (accounting them as Poisson understates ε)",
+            )
+        if noise_generator is not None:
+            raise fail(
+                "noise_generator",
+                type(noise_generator).__name__,
+                "None (noise comes from renyi's secure source; pass seed=... for a "
+                "reproducible, insecure run)",
+            )
+        if rand_on_empty:
+            raise fail("rand_on_empty", rand_on_empty, "False (empty batches are real steps)")
+        if grad_sample_mode not in _MODES:
+            raise fail("grad_sample_mode", grad_sample_mode, f"one of {_MODES}")
+        mode = "vmap" if grad_sample_mode == "vmap" else "auto"
+        if wrap_model and isinstance(module, GradSampleModule):
+            raise fail("module", "a GradSampleModule", "a module not made private already")
+        noise_multiplier = check_positive("noise_multiplier", noise_multiplier)
+        adaptive = _adaptive_kwargs(clipping, kwargs)
+        if kwargs:
+            raise fail("make_private keyword", sorted(kwargs), "arguments of make_private")
+        if criterion is None:
+            criterion = nn.CrossEntropyLoss()
+
+        from renyi.dpsgd.privacy import dataset_of
+
+        dataset = dataset_of(data_loader)
+        n = check_int("len(data_loader.dataset)", len(dataset), 1)  # type: ignore[arg-type]
+        per_epoch = check_int("len(data_loader)", len(data_loader), 1)
+        sample_rate = 1.0 / per_epoch
+        if epochs is not None:
+            epochs = check_int("epochs", epochs, 1)
+        steps = per_epoch * epochs if epochs is not None else None
+        source = make_random_source(seed)
+        sampler = PoissonSampler(
+            n, sample_rate, steps if steps is not None else per_epoch, random_source=source
+        )
+        loader = private_data_loader(
+            data_loader, sampler, steps_per_epoch=per_epoch, unlimited=steps is None
+        )
+        engine_clipping = "flat" if clipping == "adaptive" else clipping
+        capture = _make_capture(
+            module,
+            max_grad_norm=max_grad_norm,
+            clipping=engine_clipping,
+            loss_reduction=loss_reduction,
+            mode=mode,
+        )
+        from renyi.dpsgd.clipping import ClippedGradientEngine
+
+        engine = ClippedGradientEngine(
+            module,
+            criterion,
+            max_grad_norm=max_grad_norm,
+            clipping=engine_clipping,  # type: ignore[arg-type]
+            mode=mode,  # type: ignore[arg-type]
+        )
+        common: dict[str, Any] = {
+            "model": module,
+            "loss_fn": criterion,
+            "noise_multiplier": noise_multiplier,
+            "max_grad_norm": engine.sensitivity,
+            "sampler": sampler,
+            "accountant": self.accountant.accountant,
+            "random_source": source,
+            "engine": engine,
+            "capture": capture,
+            "max_steps": steps if _target is not None else None,
+            "target": _target,
+            "allow_exceeding_target": allow_exceeding_target,
+        }
+        dp_optimizer: DPOptimizer
+        if adaptive is not None:
+            from renyi.dpsgd.adaptive import AdaptiveClipDPOptimizer
+
+            dp_optimizer = AdaptiveClipDPOptimizer(optimizer, **common, **adaptive)
+        else:
+            dp_optimizer = DPOptimizer(optimizer, **common)
+        self.accountant.optimizers.append(dp_optimizer)
+        out_module: Any = GradSampleModule(module, capture) if wrap_model else capture
+        if "ghost" in grad_sample_mode:
+            return out_module, dp_optimizer, criterion, loader
+        return out_module, dp_optimizer, loader
+
+    def make_private_with_epsilon(
+        self,
+        *,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        criterion: Any = None,
+        data_loader: DataLoader[Any],
+        target_epsilon: float,
+        target_delta: float,
+        epochs: int,
+        max_grad_norm: float | Sequence[float],
+        **kwargs: Any,
+    ) -> tuple[Any, ...]:
+        """Opacus's ``make_private_with_epsilon``: σ calibrated so that ``epochs`` epochs
+        (``epochs × len(data_loader)`` steps at ``q = 1/len(data_loader)``) cost at most
+        ``target_epsilon`` at ``target_delta`` by this engine's accountant.
+
+        The plan is enforced: the loader ends after those steps and the optimizer refuses a
+        step past them unless ``allow_exceeding_target=True``.
+
+        Raises:
+            PrivacyParameterError: this engine has accounted steps already (calibrating a
+                fresh σ would ignore them: make one engine per training run).
+        """
+        from renyi.calibration import calibrate_noise_multiplier
+
+        target_epsilon = check_positive("target_epsilon", target_epsilon)
+        target_delta = check_delta(target_delta, "target_delta")
+        epochs = check_int("epochs", epochs, 1)
+        if len(self.accountant) > 0:
+            raise fail(
+                "PrivacyEngine",
+                f"{len(self.accountant)} steps already accounted",
+                "a fresh PrivacyEngine (σ calibrated for this run alone would not meet the "
+                "target together with the steps already taken)",
+            )
+        per_epoch = check_int("len(data_loader)", len(data_loader), 1)
+        steps = per_epoch * epochs
+        calibration = calibrate_noise_multiplier(
+            target_epsilon,
+            target_delta,
+            1.0 / per_epoch,
+            steps,
+            accountant=_ACCOUNTANTS[self.accountant.name],
+        )
+        return self.make_private(
+            module=module,
+            optimizer=optimizer,
+            criterion=criterion,
+            data_loader=data_loader,
+            noise_multiplier=calibration.noise_multiplier,
+            max_grad_norm=max_grad_norm,
+            epochs=epochs,
+            _target=(target_epsilon, target_delta),
+            **kwargs,
+        )
+
+
+def _adaptive_kwargs(clipping: str, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """Pop Opacus's AdaClip arguments (``clipping="adaptive"``) from ``kwargs``."""
+    names = (
+        "target_unclipped_quantile",
+        "clipbound_learning_rate",
+        "max_clipbound",
+        "min_clipbound",
+        "unclipped_num_std",
+    )
+    given = {k: kwargs.pop(k) for k in names if k in kwargs}
+    if clipping not in ("flat", "per_layer", "automatic", "adaptive"):
+        raise fail("clipping", clipping, "'flat', 'per_layer', 'automatic' or 'adaptive'")
+    if clipping != "adaptive":
+        if given:
+            raise fail("clipping", clipping, f"'adaptive' (for {sorted(given)})")
+        return None
+    missing = [k for k in names if k not in given]
+    if missing:
+        raise fail("clipping='adaptive'", sorted(given), f"also {missing}")
+    return {
+        "target_unclipped_quantile": given["target_unclipped_quantile"],
+        "clipbound_learning_rate": given["clipbound_learning_rate"],
+        "max_clipbound": given["max_clipbound"],
+        "min_clipbound": given["min_clipbound"],
+        "unclipped_num_std": given["unclipped_num_std"],
+    }
