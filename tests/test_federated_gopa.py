@@ -454,3 +454,57 @@ def test_targeted_coalition_reports_the_worst_honest_party():
     # and it is far worse than the random-honest-set figure for the same coalition size
     random_set = gopa_mu(edges, 0.5, 20.0, parties=k, honest=np.arange(c, k))
     assert t.mu > random_set.mu
+
+
+def test_false_rejection_rate_is_as_stated():
+    """Honest masked messages against the server's range check: with rejection probability
+    p per message, the empirical rate over 10000 messages is within binomial error of <= p;
+    the check uses the party's active degree (variance sigma_eta² + d sigma_delta²)."""
+    from renyi.federated.gopa_party import GopaAggregator, GopaSession
+
+    p = 0.05
+    sess = GopaSession(
+        session=bytes(16), names=("a", "b", "c"), edges=[[0, 1], [1, 2], [0, 2], [0, 1]],
+        sigma_eta=0.7, sigma_delta=3.0, rejection_probability=p,
+    )  # fmt: skip
+    server = GopaAggregator(sess)
+    rng = np.random.default_rng(12)
+    n = 10000
+    deg = server.active_degree(0, range(3))
+    assert deg == 3
+    worst = np.where(rng.uniform(size=n) < 0.5, 0.0, 1.0)  # values at the domain's edges
+    noise = rng.normal(size=n) * math.sqrt(0.7**2 + deg * 3.0**2)
+    msgs = to_fixed(worst + noise)
+    rejected = sum(server.check_message(0, msgs[i : i + 1], range(3)) is not None for i in range(n))
+    # each tail is at least z sigma away whatever the value in [0, 1]: at most p in all;
+    # at the edges one tail is exactly z sigma away: at least p / 2 (the bound is not vacuous)
+    assert rejected / n <= p + 4 * math.sqrt(p / n)
+    assert rejected / n >= p / 2 - 4 * math.sqrt(p / 2 / n)
+
+
+def test_wire_formats_reject_fuzzed_input():
+    """Random and truncated bytes never crash the parsers: a clean integrity error."""
+    from renyi.federated.channels import KeyAdvertisement, SecureChannel
+
+    rng = np.random.default_rng(13)
+    a = IdentityKey("a")
+    roster = Roster.of([a, IdentityKey("b")])
+    good = EphemeralSession(a, roster, bytes(16)).advertisement().to_bytes()
+    for i in range(300):
+        raw = bytes(rng.integers(0, 256, size=int(rng.integers(0, 200)), dtype=np.uint8))
+        if i % 3 == 0:
+            raw = good[: int(rng.integers(0, len(good)))]
+        elif i % 3 == 1:
+            flip = bytearray(good)
+            flip[int(rng.integers(0, len(good)))] ^= 1 << int(rng.integers(0, 8))
+            raw = bytes(flip)
+        try:
+            adv = KeyAdvertisement.from_bytes(raw)
+        except ChannelIntegrityError:
+            continue
+        if raw != good:
+            with pytest.raises(ChannelIntegrityError):
+                adv.verify(roster, bytes(16))
+    for raw in (b"", b"\x00" * 7, b"\xff" * 40):
+        with pytest.raises(ChannelIntegrityError):
+            SecureChannel.restore(raw)
