@@ -344,3 +344,17 @@ def test_cli_sampling_json_bounds_and_tradeoff(
     assert fig.stat().st_size > 1000
     with pytest.raises(SystemExit, match="dataset-size"):
         main([*common, "--sampling", "fixed-size", "--steps", "3"])
+
+
+def test_allocation_extremes_never_crash_or_nan() -> None:
+    from renyi.curves import DEFAULT_ORDERS
+
+    rng = np.random.default_rng(3)
+    cases = [(1e-200, 10), (1e200, 10), (1.0, 10**18), (0.05, 7), (0.12, 1000)]
+    cases += [(float(10 ** rng.uniform(-3, 3)), int(10 ** rng.uniform(0, 7))) for _ in range(3)]
+    for sigma, t in cases:
+        r = allocation_gaussian_rdp(t, sigma, DEFAULT_ORDERS)
+        assert not np.isnan(r).any() and np.all(r >= 0)
+        with np.errstate(divide="ignore", over="ignore"):
+            cap = DEFAULT_ORDERS / (2 * sigma * sigma)
+        assert np.all(r <= cap * (1 + 1e-9) + 1e-12)

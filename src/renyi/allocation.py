@@ -55,8 +55,10 @@ FloatArray = NDArray[np.float64]
 MAX_EXACT_ORDER = 256
 """Largest integer order evaluated exactly; above it the no-amplification value is used."""
 
-# relative safety margin on the computed values (round-off of a few hundred operations)
+# safety margins on the computed values: relative (round-off of a few hundred operations) and
+# absolute (log-sum-exp of terms of size ~ α log t loses ~1e-16 of that size)
 _MARGIN = 1e-9
+_ABS_MARGIN = 1e-13
 
 
 def _log_poly_mul(la: FloatArray, lb: FloatArray) -> FloatArray:
@@ -97,7 +99,14 @@ def _integer_orders(orders: FloatArray) -> tuple[FloatArray, NDArray[np.bool_]]:
 
 
 def _no_amplification(orders: FloatArray, sigma: float, k: int) -> FloatArray:
-    return k * orders / (2.0 * sigma * sigma)
+    with np.errstate(divide="ignore", over="ignore"):
+        out: FloatArray = k * orders / (2.0 * sigma * sigma)
+    return out
+
+
+# Above this 1/σ² the add-direction bound is not evaluated (the no-amplification value is
+# used): its Laplace-transform bounds need E[X^4] = exp(6/σ²) to be finite in float64.
+_MAX_ADD_V = 100.0
 
 
 def allocation_rdp_remove(
@@ -117,13 +126,13 @@ def allocation_rdp_remove(
     up, exact = _integer_orders(a)
     cap = _no_amplification(a, sigma, k)
     out = cap.copy()
-    if exact.any():
+    if exact.any() and sigma > 1e-150:  # 1/σ² finite (smaller σ: the cap, +inf)
         per_round = t // k
         top = int(up[exact].max())
         log_m = _log_sum_moments(per_round, sigma, top)
         ints = up[exact].astype(np.int64)
         log_ey = log_m[ints] - ints * math.log(per_round)
-        val = k * np.maximum(log_ey, 0.0) / (ints - 1.0) * (1.0 + _MARGIN)
+        val = k * (np.maximum(log_ey, 0.0) / (ints - 1.0) * (1.0 + _MARGIN) + _ABS_MARGIN)
         out[exact] = np.minimum(val, cap[exact])
     return out
 
@@ -225,14 +234,14 @@ def allocation_rdp_add(
     up, exact = _integer_orders(a)
     cap = _no_amplification(a, sigma, k)
     out = cap.copy()
-    if exact.any():
+    if exact.any() and sigma > 1e-150 and 1.0 / (sigma * sigma) <= _MAX_ADD_V:
         ints = np.unique(up[exact])
         per_round = t // k
         if per_round == 1:
             val = k * ints / (2.0 * sigma * sigma)
         else:
             log_m = _log_negative_moments(per_round, sigma, ints - 1.0)
-            val = k * np.maximum(log_m, 0.0) / (ints - 1.0) * (1.0 + _MARGIN)
+            val = k * (np.maximum(log_m, 0.0) / (ints - 1.0) * (1.0 + _MARGIN) + _ABS_MARGIN)
         table = dict(zip(ints.tolist(), val.tolist(), strict=True))
         vals = np.array([table[x] for x in up[exact].tolist()])
         out[exact] = np.minimum(vals, cap[exact])
