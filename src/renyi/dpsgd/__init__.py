@@ -11,7 +11,7 @@ from renyi.dpsgd.correlated import (
     make_private_correlated,
 )
 from renyi.dpsgd.data import DatasetNotFoundError, load_digits, load_fashion_mnist
-from renyi.dpsgd.engine import GradSampleModule, MissingGradientError, PrivacyEngine
+from renyi.dpsgd.engine import GradSampleModule, PrivacyEngine
 from renyi.dpsgd.ghost import GHOST_LAYER_TYPES, supports_ghost
 from renyi.dpsgd.grad_sample import (
     NonFiniteGradientError,
@@ -58,7 +58,6 @@ __all__ = [
     "ExampleMixingError",
     "FixedSizeSampler",
     "GradSampleModule",
-    "MissingGradientError",
     "NonFiniteGradientError",
     "NonFiniteLossError",
     "PlanCompleteWarning",

@@ -29,7 +29,10 @@ as Opacus). What differs, on purpose:
   refuses a step past them (:class:`~renyi.dpsgd.optimizer.PlanExceededError`) unless
   ``allow_exceeding_target=True``.
 * **``loss.backward(); optimizer.step()``**: the backward through the returned module is
-  captured per example; ``step()`` clips, noises and accounts it. A backward that the capture
+  captured per example (:class:`renyi.dpsgd.capture.PerExampleCapture`: per-layer hooks);
+  ``step()`` clips, noises and accounts it. One forward and backward per step: a step
+  whose backward reached the module's output twice is refused (the same examples would be
+  clipped twice). A backward that the capture
   did not see (e.g. through the original, unwrapped model) is refused at ``step()``
   (:class:`~renyi.dpsgd.optimizer.UnclippedGradientError`), never noised as it is.
 * **noise**: from the secure source always (``secure_mode`` is accepted and has nothing to
@@ -55,164 +58,72 @@ from torch.utils.data import DataLoader
 from renyi._validation import check_delta, check_int, check_positive, fail
 from renyi.dpsgd.grad_sample import UnsupportedModelError
 from renyi.dpsgd.optimizer import DPOptimizer
-from renyi.errors import RenyiError
 
-__all__ = ["GradSampleModule", "MissingGradientError", "PrivacyEngine"]
+__all__ = ["GradSampleModule", "PrivacyEngine"]
 
 _ACCOUNTANTS = {"prv": "pld", "pld": "pld", "rdp": "rdp", "zcdp": "zcdp"}
 _MODES = ("hooks", "functorch", "ew", "expanded_weights", "ghost", "ghost_fsdp", "auto", "vmap")
 
 
-class MissingGradientError(RenyiError):
-    """No forward and backward of the private module was captured since the last step."""
+class _OneForwardPerStep:
+    """Wraps :class:`renyi.dpsgd.capture.PerExampleCapture` for Poisson-sampled steps.
 
-
-def _linear_surrogate(outputs: Tensor, cotangents: Tensor) -> Tensor:
-    """``<out_i, c_i>`` per example: its gradient w.r.t. the parameters is ``J_i^T c_i``."""
-    return (outputs * cotangents).reshape(outputs.shape[0], -1).sum(dim=1)
-
-
-class _Record:
-    """One forward of the module with grad enabled: its inputs, RNG state and output grad."""
-
-    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any], rng: Tensor, out: Tensor):
-        self.args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
-        self.kwargs = kwargs
-        self.rng = rng
-        self.out = out.detach()
-        self.grad: Tensor | None = None
-
-    def add_grad(self, g: Tensor) -> None:
-        g = g.detach()
-        self.grad = g.clone() if self.grad is None else self.grad + g
-
-
-class _ReplayCapture:
-    """Per-example clipped sums of the user's own ``loss.backward()``, by replay.
-
-    Records every forward of ``module`` with grad enabled (inputs, CPU RNG state) and the
-    gradient ``dL/dy`` that the backward brings to its output. At ``pop_clipped_sum`` the
-    clipping engine runs on the recorded inputs with the linear surrogate loss
-    ``<y_i, s·dL/dy_i>`` (``s`` = batch size for a mean-reduced loss, 1 for a sum), whose
-    per-example gradient is exactly example ``i``'s gradient of the user's loss when that
-    loss is a sum or mean of per-example terms (as Opacus assumes). The replay must reproduce
-    the recorded output (checked; dropout is replayed from the saved RNG state), else the
-    step is refused. Costs one extra forward and backward per step.
+    The capture sums every captured forward/backward before ``step()`` (micro-batches). With
+    the engine's Poisson loader one step is one batch, and two captured forwards in a step
+    are most often the *same* examples twice (a module called twice in one loss, two
+    augmentations, a repeated backward), which would clip each example's gradient twice:
+    sensitivity 2C against noise for C. So, as Opacus refuses gradient accumulation under
+    Poisson sampling, a step whose backward reached the module's output more than once is
+    refused (use ``optimizer.accumulate(inputs, targets)`` per micro-batch instead).
     """
 
-    def __init__(
-        self,
-        module: nn.Module,
-        *,
-        max_grad_norm: float | Sequence[float],
-        clipping: str,
-        loss_reduction: str,
-        mode: str,
-    ) -> None:
-        from renyi.dpsgd.clipping import ClippedGradientEngine
+    def __init__(self, capture: Any, module: nn.Module) -> None:
+        self.capture = capture
+        self._reached = 0
+        self._handle = module.register_forward_hook(self._post)
 
-        if loss_reduction not in ("mean", "sum"):
-            raise fail("loss_reduction", loss_reduction, "'mean' or 'sum'")
-        self.module = module
-        self.loss_reduction = loss_reduction
-        self.engine = ClippedGradientEngine(
-            module,
-            _linear_surrogate,
-            max_grad_norm=max_grad_norm,
-            clipping=clipping,  # type: ignore[arg-type]
-            mode=mode,  # type: ignore[arg-type]
-        )
-        self._records: list[_Record] = []
-        self._replaying = False
-        self._rng: Tensor | None = None
-        self._handles = [
-            module.register_forward_pre_hook(self._pre),
-            module.register_forward_hook(self._post, with_kwargs=True),
-        ]
+    def _post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if torch.is_grad_enabled() and isinstance(output, Tensor) and output.requires_grad:
+            output.register_hook(self._count)
+
+    def _count(self, grad: Tensor) -> None:
+        self._reached += 1
 
     @property
     def sensitivity(self) -> float:
-        return float(self.engine.sensitivity)
+        return float(self.capture.sensitivity)
 
-    def _pre(self, module: nn.Module, args: Any) -> None:
-        if not self._replaying:
-            self._rng = torch.get_rng_state()
+    @property
+    def max_grad_norm(self) -> Any:
+        return self.capture.max_grad_norm
 
-    def _post(self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
-        if self._replaying or not torch.is_grad_enabled() or self._rng is None:
-            return
-        if not isinstance(output, Tensor) or not output.requires_grad:
-            return
-        rec = _Record(tuple(args), dict(kwargs), self._rng, output)
-        output.register_hook(rec.add_grad)
-        self._records.append(rec)
-
-    def zero_grad(self) -> None:
-        self._records = []
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
-    cleanup = remove
+    @max_grad_norm.setter
+    def max_grad_norm(self, value: float) -> None:
+        self.capture.max_grad_norm = value
 
     def pop_clipped_sum(self) -> tuple[dict[str, Tensor], int, Tensor]:
-        used = [r for r in self._records if r.grad is not None]
-        self._records = []
-        if not used:
-            raise MissingGradientError(
-                "no forward and backward of the private module since the last step (was the "
-                "loss computed with the module returned by make_private, and its output a "
-                "single tensor?)"
-            )
-        if len(used) > 1:
+        reached, self._reached = self._reached, 0
+        if reached > 1:
+            self.capture.zero_grad()
             raise UnsupportedModelError(
-                f"the module was called {len(used)} times in the backward of one step: the "
+                f"the module's output was reached by backward {reached} times in one step (the "
+                "module called several times in a loss, or several backward passes): the "
                 "examples of the calls cannot be told apart, so one example's gradient could "
-                "be clipped more than once; use one forward per step (for micro-batches call "
-                "optimizer.accumulate(inputs, targets) per micro-batch instead)"
+                "be clipped more than once; use one forward and one backward per step (for "
+                "micro-batches call optimizer.accumulate(inputs, targets) per micro-batch)"
             )
-        rec = used[0]
-        if rec.kwargs:
-            raise UnsupportedModelError(
-                f"the module was called with keyword arguments {sorted(rec.kwargs)}; pass "
-                "inputs positionally (tensors batched along dim 0)"
-            )
-        grad = rec.grad
-        assert grad is not None
-        batch = int(grad.shape[0]) if grad.ndim > 0 else -1
-        bad = [
-            i
-            for i, a in enumerate(rec.args)
-            if not (isinstance(a, Tensor) and a.ndim > 0 and a.shape[0] == batch)
-        ]
-        if batch < 0 or bad or not rec.args:
-            raise UnsupportedModelError(
-                "every positional input of the module must be a tensor batched along dim 0, "
-                f"as its output ({batch} examples); inputs {bad} are not"
-            )
-        cot = grad * batch if self.loss_reduction == "mean" else grad
-        self._replaying = True
-        try:
-            with torch.random.fork_rng(devices=[]):
-                torch.set_rng_state(rec.rng)
-                sums, losses, norms = self.engine.clipped_grad_sum(
-                    rec.args if len(rec.args) > 1 else rec.args[0], cot
-                )
-        finally:
-            self._replaying = False
-        if batch:
-            want = _linear_surrogate(rec.out.to(cot.dtype), cot)
-            scale = (rec.out.abs().to(cot.dtype) * cot.abs()).reshape(batch, -1).sum(dim=1)
-            if not bool(((losses - want).abs() <= 1e-4 * scale + 1e-12).all()):
-                raise UnsupportedModelError(
-                    "replaying the module's forward did not reproduce its output (randomness "
-                    "not from torch's CPU generator, such as dropout under vmap, or the model "
-                    "changed between forward and step); call optimizer.accumulate(inputs, "
-                    "targets) with the loss given to make_private(criterion=...) instead"
-                )
-        return sums, batch, norms
+        result: tuple[dict[str, Tensor], int, Tensor] = self.capture.pop_clipped_sum()
+        return result
+
+    def zero_grad(self) -> None:
+        self._reached = 0
+        self.capture.zero_grad()
+
+    def remove(self) -> None:
+        self._handle.remove()
+        self.capture.remove()
+
+    cleanup = remove
 
 
 def _make_capture(
@@ -222,27 +133,20 @@ def _make_capture(
     clipping: str,
     loss_reduction: str,
     mode: str,
-) -> Any:
-    """The hook capture of :mod:`renyi.dpsgd.capture` when present, else the replay one."""
-    try:
-        from renyi.dpsgd import capture as _capture  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        _capture = None
-    if _capture is not None and isinstance(max_grad_norm, int | float):
-        return _capture.PerExampleCapture(
-            module,
-            max_grad_norm=max_grad_norm,
-            clipping=clipping,
-            loss_reduction=loss_reduction,
-            mode=mode,
-        )
-    return _ReplayCapture(
+) -> _OneForwardPerStep:
+    """The hook capture of :mod:`renyi.dpsgd.capture`, one forward/backward per step."""
+    from renyi.dpsgd.capture import PerExampleCapture
+
+    if loss_reduction not in ("mean", "sum"):
+        raise fail("loss_reduction", loss_reduction, "'mean' or 'sum'")
+    capture = PerExampleCapture(
         module,
         max_grad_norm=max_grad_norm,
-        clipping=clipping,
-        loss_reduction=loss_reduction,
-        mode=mode,
+        clipping=clipping,  # type: ignore[arg-type]
+        loss_reduction=loss_reduction,  # type: ignore[arg-type]
+        mode=mode,  # type: ignore[arg-type]
     )
+    return _OneForwardPerStep(capture, module)
 
 
 class GradSampleModule(nn.Module):

@@ -43,7 +43,7 @@ import torch
 
 from renyi._validation import check_int, check_positive, fail
 from renyi.dpsgd.grad_sample import NonFiniteGradientError
-from renyi.errors import BudgetExceededError, PrivacyParameterError, RenyiError
+from renyi.errors import BudgetExceededError, RenyiError
 from renyi.events import Event, Neighbouring
 
 __all__ = [
@@ -523,10 +523,8 @@ class DPOptimizer:
         try:
             sums, n, norms = self.capture.pop_clipped_sum()
         except RenyiError as exc:
-            if isinstance(
-                exc, UnclippedGradientError | NonFiniteGradientError | PrivacyParameterError
-            ):
-                raise  # a refused model or input: its own error says why
+            if type(exc).__name__ != "MissingGradientError":
+                raise  # a refused model or input (e.g. ExampleMixingError): its own error
             raise UnclippedGradientError(
                 f"step() refused: no per-example gradients were captured for this step ({exc}); "
                 "nothing was released"
