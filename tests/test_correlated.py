@@ -414,3 +414,14 @@ def test_cli_correlated_table_and_json(capsys):
     assert rows["dpsgd"]["rmse"] == pytest.approx(2.0 * math.sqrt(np.mean(np.arange(1, 17))))
     assert main(["correlated", "--steps", "0"]) == 2
     assert "steps=0" in capsys.readouterr().err
+
+
+def test_choose_bands_minimises_calibrated_error():
+    from renyi.calibration import calibrate_noise_multiplier
+    from renyi.correlated.accounting import choose_bands
+
+    best, scores = choose_bands(4.0, 1e-5, 60, 400, 20, candidates=(1, 2, 4, 32))
+    assert set(scores) == {1, 2, 4}  # 32 partitions of 20 exceed n = 400
+    assert scores[best] == min(scores.values())
+    sigma = calibrate_noise_multiplier(4.0, 1e-5, 20 / 400, 60, "rdp").noise_multiplier
+    assert scores[1] == pytest.approx(sigma * math.sqrt(np.mean(np.arange(1, 61))), rel=1e-12)

@@ -106,7 +106,12 @@ def register(sub: Any) -> None:
         help="dpsgd (independent noise, default) or correlated noise: tree (DP-FTRL), "
         "banded (amplified banded MF) or blt (renyi.dpsgd.correlated)",
     )
-    p.add_argument("--bands", type=int, help="bands (= partitions) of --noise banded (default 4)")
+    p.add_argument(
+        "--bands",
+        type=int,
+        help="bands (= partitions) of --noise banded (default: the b with the smallest "
+        "calibrated prefix-sum error)",
+    )
     p.add_argument("--buffers", type=int, default=3, help="buffers of --noise blt (default 3)")
     p.add_argument(
         "--seed",

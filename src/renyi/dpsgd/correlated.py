@@ -43,7 +43,12 @@ from torch.utils.data import Dataset
 
 from renyi._validation import check_delta, check_int, check_positive, fail
 from renyi.calibration import CalibrationResult, epochs_to_steps
-from renyi.correlated.accounting import CorrelatedPlan, calibrate_correlated, correlated_plan
+from renyi.correlated.accounting import (
+    CorrelatedPlan,
+    calibrate_correlated,
+    choose_bands,
+    correlated_plan,
+)
 from renyi.correlated.optimize import optimize_banded, optimize_blt
 from renyi.correlated.strategies import Strategy, TreeStrategy, identity
 from renyi.correlated.streaming import streaming_noise
@@ -320,9 +325,11 @@ def make_private_correlated(
 
     * ``"dpsgd"`` — independent noise, one partition, Poisson rate ``batch_size / n``:
       exactly DP-SGD (same event, same draws).
-    * ``"banded"`` — banded Toeplitz ``C`` with ``bands`` bands (default 4), optimised for
-      the run's workload (prefix sums with the optimizer's momentum); ``bands`` partitions
-      with rate ``bands · batch_size / n`` inside each: the amplified analysis.
+    * ``"banded"`` — banded Toeplitz ``C`` with ``bands`` bands, optimised for the run's
+      workload (prefix sums with the optimizer's momentum); ``bands`` partitions with rate
+      ``bands · batch_size / n`` inside each: the amplified analysis. ``bands=None`` with a
+      target ε picks the number of bands whose calibrated prefix-sum RMSE is smallest
+      (:func:`renyi.correlated.accounting.choose_bands`; 1 band is DP-SGD), else 4.
     * ``"blt"`` / ``"tree"`` — BLT with ``buffers`` buffers (optimised for the run) or the
       online tree; one pass over the data per epoch in ``n / batch_size`` fixed random
       partitions (every record once per epoch, b-min-sep with b = steps per epoch): one
@@ -357,6 +364,20 @@ def make_private_correlated(
     else:
         steps = check_int("steps", steps, 1)
         steps_note = f"steps={steps} given"
+    momentum = float(optimizer.param_groups[0].get("momentum", 0.0) or 0.0)
+    band_scores: dict[int, float] = {}
+    if noise == "banded" and strategy is None and bands is None:
+        if target_epsilon is not None:  # the b with the smallest calibrated prefix RMSE
+            bands, band_scores = choose_bands(
+                check_positive("target_epsilon", target_epsilon),
+                delta,
+                steps,
+                n,
+                batch_size,
+                momentum=momentum,
+            )
+        else:
+            bands = 4
     if noise == "dpsgd" and strategy is None:
         partitions = 1
     elif noise == "banded" and strategy is None:
@@ -374,7 +395,6 @@ def make_private_correlated(
             f"at most len(data) / batch_size = {n // batch_size} (partitions of {batch_size}+)",
         )
     if strategy is None:
-        momentum = float(optimizer.param_groups[0].get("momentum", 0.0) or 0.0)
         strategy = _strategy(
             noise,
             steps,
@@ -442,5 +462,5 @@ def make_private_correlated(
         neighbouring=sampler.neighbouring.value,
         steps_note=steps_note + f"; {plan.analysis} plan, {plan.charges} charge(s)",
         calibration=calibration,
-        extra={"plan": plan, "strategy": strategy, "noise": noise},
+        extra={"plan": plan, "strategy": strategy, "noise": noise, "band_scores": band_scores},
     )

@@ -1,0 +1,331 @@
+"""Correlated-noise benchmark: strategies' errors, accuracy at equal ε, step cost and memory.
+
+Three parts (``torch.set_num_threads(1)`` for the torch ones):
+
+1. **Errors** (``--errors``): RMSE and max error of prefix sums at σ = 1 per unit
+   sensitivity (same Gaussian privacy) for T = 128 … 4096 and every strategy
+   (:mod:`renyi.correlated.table`; Honaker and dense only up to T = 1024), single
+   participation and b-min-sep (b = T/16). Beside it, jax_privacy (if installed) as oracle:
+   (i) where the mechanisms coincide its own error and sensitivity code evaluated on *our*
+   coefficients must agree to 1e-9 (relative); (ii) its optimisers (banded Toeplitz; BLT)
+   give the reference optimum, and ours must be within the stated tolerance of their loss.
+2. **Accuracy** (``--accuracy``): digits (softmax regression, 15 epochs, batch 64, lr 2,
+   δ = 1e-5, the defaults of ``renyi train``), ε ∈ {1, 3, 8}, ``--seeds`` seeds: DP-SGD
+   (``make_private``, Poisson) vs banded (``make_private_correlated(noise="banded")``,
+   amplified, ``--bands``) vs BLT (min-sep, one pass per epoch) vs tree, same model and
+   epochs; mean ± std test accuracy.
+3. **Cost** (``--cost``): per-step time of the training step (clip + noise + update) and
+   the noise state's memory for DP-SGD and each correlated strategy, on the digits CNN and a
+   315k-parameter MLP; steps interleaved round-robin in one process, medians and ratios to
+   DP-SGD.
+
+    .venv/bin/python benchmarks/correlated.py --errors --accuracy --cost [--seeds 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+from typing import Any
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+STEPS = (128, 256, 512, 1024, 2048, 4096)
+ORACLE_TOL = 1e-9  # evaluation of the same coefficients: relative
+OPT_TOL = 0.02  # our optimised loss at most 2% above jax_privacy's
+
+
+def _jax() -> Any:
+    try:
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
+        from jax_privacy.matrix_factorization import buffered_toeplitz, toeplitz
+
+        return toeplitz, buffered_toeplitz
+    except Exception as exc:  # optional oracle
+        print(f"jax_privacy unavailable ({exc}); oracle columns skipped", file=sys.stderr)
+        return None
+
+
+def errors(steps: tuple[int, ...], bands: int, buffers: int) -> dict[str, Any]:
+    import numpy as np
+
+    from renyi.correlated.optimize import optimize_banded, optimize_blt, toeplitz_loss
+    from renyi.correlated.table import STRATEGY_NAMES, error_table
+
+    out: dict[str, Any] = {"single": [], "min_sep": [], "oracle": []}
+    for t in steps:
+        out["single"] += [
+            r.as_dict()
+            for r in error_table([t], list(STRATEGY_NAMES), bands=bands, buffers=buffers)
+        ]
+        sep = max(1, t // 16)
+        out["min_sep"] += [
+            dict(r.as_dict(), min_sep=sep)
+            for r in error_table([t], ["dpsgd", "tree", "banded", "blt"], bands=min(bands, sep),
+                                 buffers=buffers, min_sep=sep)
+        ]  # fmt: skip
+    jp = _jax()
+    if jp is None:
+        return out
+    toeplitz, buffered_toeplitz = jp
+    for t in steps:
+        row: dict[str, Any] = {"steps": t}
+        ours_banded = optimize_banded(t, bands)
+        coefs = np.asarray(ours_banded.coefficients)
+        theirs_err = np.asarray(toeplitz.per_query_error(strategy_coef=coefs, n=t))
+        row["banded_error_rel_diff"] = float(
+            np.max(np.abs(ours_banded.per_step_error(t) - theirs_err) / theirs_err)
+        )
+        sens = ours_banded.sensitivity(t, max(1, t // 16), None).value ** 2
+        theirs_sens = float(toeplitz.minsep_sensitivity_squared(coefs, max(1, t // 16), n=t))
+        row["banded_minsep_sens_rel_diff"] = abs(sens - theirs_sens) / theirs_sens
+        start = time.perf_counter()
+        jb = np.asarray(toeplitz.optimize_banded_toeplitz(t, bands))
+        row["jax_banded_seconds"] = time.perf_counter() - start
+        start = time.perf_counter()
+        optimize_banded(t, bands)
+        row["renyi_banded_seconds"] = time.perf_counter() - start
+        row["banded_loss_ratio"] = toeplitz_loss(coefs, t) / toeplitz_loss(jb / jb[0], t)
+        try:
+            start = time.perf_counter()
+            blt = buffered_toeplitz.optimize(
+                n=t, error="mean", min_buffers=buffers, max_buffers=buffers
+            )
+            row["jax_blt_seconds"] = time.perf_counter() - start
+            jcoefs = np.asarray(blt.toeplitz_coefs(t))
+            row["jax_blt"] = {
+                "thetas": np.asarray(blt.buf_decay).tolist(),
+                "omegas": np.asarray(blt.output_scale).tolist(),
+            }
+            start = time.perf_counter()
+            ours = optimize_blt(t, buffers)
+            row["renyi_blt_seconds"] = time.perf_counter() - start
+            row["blt_loss_ratio"] = toeplitz_loss(ours.coefs(t), t) / toeplitz_loss(
+                jcoefs / jcoefs[0], t
+            )
+        except Exception as exc:  # report, do not hide
+            row["blt_oracle_error"] = f"{type(exc).__name__}: {exc}"
+        out["oracle"].append(row)
+    return out
+
+
+def _train(noise: str, eps: float, seed: int, bands: int, buffers: int) -> dict[str, Any]:
+    import torch
+
+    from renyi.cli.train import _DEFAULTS, build_model
+    from renyi.dpsgd.correlated import make_private_correlated
+    from renyi.dpsgd.data import load_digits
+    from renyi.dpsgd.privacy import make_private
+    from renyi.dpsgd.trainer import Trainer, evaluate
+
+    arch, epochs, batch, lr, clip, momentum = _DEFAULTS["digits"]
+    train, test = load_digits()
+    torch.manual_seed(seed)
+    model = build_model("digits", arch)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    kw: dict[str, Any] = dict(
+        loss_fn=torch.nn.CrossEntropyLoss(), target_epsilon=eps, delta=1e-5, epochs=epochs,
+        batch_size=batch, max_grad_norm=clip, accountant="pld", seed=10_000 + seed,
+    )  # fmt: skip
+    start = time.perf_counter()
+    if noise == "dpsgd":
+        private = make_private(model, opt, train, **kw)
+    else:
+        private = make_private_correlated(
+            model, opt, train, noise=noise, bands=bands or None, buffers=buffers, **kw
+        )
+    Trainer(private, progress=False).fit()
+    acc = evaluate(model, test)[1]
+    return {
+        "noise": noise,
+        "epsilon": eps,
+        "seed": seed,
+        "accuracy": acc,
+        "sigma": private.noise_multiplier,
+        "spent": float(private.epsilon().epsilon),
+        "seconds": time.perf_counter() - start,
+        "plan": None if "plan" not in private.extra else private.extra["plan"].to_dict(),
+    }
+
+
+def accuracy(seeds: int, bands: int, buffers: int, noises: list[str]) -> list[dict[str, Any]]:
+    import torch
+
+    torch.set_num_threads(1)
+    rows = []
+    for eps in (1.0, 3.0, 8.0):
+        for seed in range(seeds):
+            for noise in noises:  # interleaved: every method sees the same machine load
+                r = _train(noise, eps, seed, bands, buffers)
+                print(json.dumps(r), file=sys.stderr, flush=True)
+                rows.append(r)
+    return rows
+
+
+def cost(bands_list: tuple[int, ...], buffers: int, steps: int) -> list[dict[str, Any]]:
+    import torch
+
+    from renyi.correlated.accounting import correlated_plan
+    from renyi.correlated.strategies import BandedToeplitzStrategy, BltStrategy, TreeStrategy
+    from renyi.dpsgd.correlated import CorrelatedOptimizer, CyclicPoissonSampler
+    from renyi.dpsgd.optimizer import DPOptimizer
+    from renyi.dpsgd.sampler import PoissonSampler, SecureRandomSource
+
+    torch.set_num_threads(1)
+    models = {
+        "digits-cnn": (
+            lambda: torch.nn.Sequential(
+                torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.Tanh(), torch.nn.AvgPool2d(2),
+                torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.Tanh(), torch.nn.AvgPool2d(2),
+                torch.nn.Flatten(), torch.nn.Linear(128, 10),
+            ),
+            (64, 1, 8, 8), 10,
+        ),
+        "mlp-315k": (
+            lambda: torch.nn.Sequential(
+                torch.nn.Linear(100, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                torch.nn.ReLU(), torch.nn.Linear(512, 2),
+            ),
+            (512, 100), 2,
+        ),
+    }  # fmt: skip
+    strategies: dict[str, Any] = {"dpsgd": None, "tree": TreeStrategy()}
+    for b in bands_list:
+        strategies[f"banded-{b}"] = BandedToeplitzStrategy(
+            (1.0, *[0.5 / (m + 1) for m in range(b - 1)])
+        )
+    strategies[f"blt-{buffers}"] = BltStrategy(
+        tuple(0.5 + 0.4 * i / buffers for i in range(buffers)), (0.1,) * buffers
+    )
+    rows = []
+    n = 40_000  # 64 bands × batch 512 fit
+    horizon = 1024  # steps of the plans (more than are timed)
+    for mname, (make, shape, classes) in models.items():
+        x = torch.randn(*shape)
+        y = torch.randint(0, classes, (shape[0],))
+        opts: dict[str, Any] = {}
+        for sname, strat in strategies.items():
+            torch.manual_seed(0)
+            model = make()
+            sgd = torch.optim.SGD(model.parameters(), lr=0.01)
+            src = SecureRandomSource()
+            common = dict(model=model, loss_fn=torch.nn.CrossEntropyLoss(), max_grad_norm=1.0)
+            if strat is None:
+                sampler = PoissonSampler(n, shape[0] / n, horizon, random_source=src)
+                opts[sname] = DPOptimizer(sgd, noise_multiplier=1.0, sampler=sampler,
+                                          accountant=None, **common)  # fmt: skip
+            else:
+                parts = strat.bands if strat.bands is not None else 8
+                rate = shape[0] * parts / n
+                sampler = CyclicPoissonSampler(n, parts, rate, horizon, random_source=src)
+                plan = correlated_plan(strat, horizon, 1.0, partitions=parts, sample_rate=rate)
+                opts[sname] = CorrelatedOptimizer(sgd, sampler=sampler, strategy=strat,
+                                                  plan=plan, accountant=None, **common)  # fmt: skip
+        times: dict[str, list[float]] = {k: [] for k in opts}
+        for _ in range(3):  # warm-up
+            for o in opts.values():
+                o.zero_grad()
+                o.accumulate(x, y)
+                o.step()
+        deadline = time.perf_counter() + 20.0
+        rounds = 0
+        while rounds < steps and (rounds < 5 or time.perf_counter() < deadline):
+            for k, o in opts.items():
+                t0 = time.perf_counter()
+                o.zero_grad()
+                o.accumulate(x, y)
+                o.step()
+                times[k].append(time.perf_counter() - t0)
+            rounds += 1
+        base = statistics.median(times["dpsgd"])
+        params = sum(p.numel() for p in make().parameters())
+        for k, o in opts.items():
+            kept = getattr(getattr(o, "noise", None), "buffers", 0)
+            rows.append({
+                "model": mname, "strategy": k, "params": params,
+                "median_step_ms": 1e3 * statistics.median(times[k]),
+                "ratio_to_dpsgd": statistics.median(times[k]) / base,
+                "noise_state_vectors": kept, "noise_state_bytes": kept * params * 4,
+                "steps_timed": len(times[k]),
+            })  # fmt: skip
+    return rows
+
+
+def _summarise_accuracy(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    keys = sorted({(r["epsilon"], r["noise"]) for r in rows})
+    for eps, noise in keys:
+        accs = [r["accuracy"] for r in rows if r["epsilon"] == eps and r["noise"] == noise]
+        out.append({
+            "epsilon": eps, "noise": noise, "mean": statistics.mean(accs),
+            "std": statistics.stdev(accs) if len(accs) > 1 else 0.0, "n": len(accs),
+        })  # fmt: skip
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--errors", action="store_true")
+    p.add_argument("--accuracy", action="store_true")
+    p.add_argument("--cost", action="store_true")
+    p.add_argument("--steps", type=int, nargs="+", default=list(STEPS))
+    p.add_argument("--bands", type=int, default=4, help="bands of banded (0: automatic)")
+    p.add_argument("--buffers", type=int, default=3)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--noises", nargs="+", default=["dpsgd", "banded", "blt"])
+    p.add_argument("--cost-steps", type=int, default=30)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    warnings.simplefilter("ignore")
+    result: dict[str, Any] = {"load_average": os.getloadavg()}
+    if args.errors:
+        result["errors"] = errors(tuple(args.steps), 8, args.buffers)
+    if args.accuracy:
+        rows = accuracy(args.seeds, args.bands, args.buffers, args.noises)
+        result["accuracy"] = {"runs": rows, "summary": _summarise_accuracy(rows)}
+    if args.cost:
+        result["cost"] = cost((4, 16, 64), args.buffers, args.cost_steps)
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    from renyi.cli._output import format_table
+
+    if "errors" in result:
+        for part in ("single", "min_sep"):
+            rows_ = result["errors"][part]
+            print(format_table(
+                ["strategy", "T", "sens", "rmse", "max error", "opt s"],
+                [[r["strategy"], r["steps"], r["sensitivity"], r["rmse"], r["max_error"],
+                  r["optimise_seconds"]] for r in rows_],
+                title=f"prefix-sum error ({part}), sigma = 1 per unit sensitivity",
+            ))  # fmt: skip
+        for r in result["errors"]["oracle"]:
+            print("oracle", json.dumps(r))
+    if "accuracy" in result:
+        print(format_table(
+            ["epsilon", "noise", "mean acc", "std", "seeds"],
+            [[r["epsilon"], r["noise"], r["mean"], r["std"], r["n"]]
+             for r in result["accuracy"]["summary"]],
+            title="digits accuracy at equal epsilon",
+        ))  # fmt: skip
+    if "cost" in result:
+        print(format_table(
+            ["model", "strategy", "ms/step", "x dpsgd", "state vectors", "state MB"],
+            [[r["model"], r["strategy"], r["median_step_ms"], r["ratio_to_dpsgd"],
+              r["noise_state_vectors"], r["noise_state_bytes"] / 2**20] for r in result["cost"]],
+            title="step cost (median, interleaved) and noise state",
+        ))  # fmt: skip
+    print(f"load average at start: {result['load_average']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
