@@ -164,11 +164,19 @@ def _tradeoff(
         from renyi.tradeoff import tradeoff_curve as full
 
         figure = [full(a) for a, _ in curves]
-        out["plot"] = str(plot_tradeoff(figure, args.plot, gaussian_mu=mu.mu))
+        try:
+            out["plot"] = str(plot_tradeoff(figure, args.plot, gaussian_mu=mu.mu))
+        except OSError as exc:
+            raise SystemExit(f"renyi: error: --plot {args.plot}: {exc.strerror or exc}") from None
     return out
 
 
 def _epsilon(args: argparse.Namespace) -> int:
+    if args.plot:
+        from pathlib import Path
+
+        if not Path(args.plot).expanduser().resolve().parent.is_dir():
+            raise SystemExit(f"renyi: error: --plot {args.plot}: its directory does not exist")
     event, meta = _training(args)
     names = sorted(ACCOUNTANTS) if args.accountant == "all" else [args.accountant]
     report: EpsilonReport
