@@ -251,6 +251,6 @@ def test_status_in_user_units():
     # Mironov's bound (what the filter enforces) is above the accountant's tighter figure
     assert st["epsilon_spent"] >= b.accountant().epsilon(1e-5).epsilon
     assert st["epsilon_spent"] + st["epsilon_remaining"] == pytest.approx(3.0)
-    assert st["delta"] == 1e-5 and st["entries"] == 1
+    assert st["delta"] == 1e-5 and st["releases"] == 1
     with pytest.raises(BudgetExceededError, match=r"epsilon spent from .* remains"):
         b.spend(step, 100000)

@@ -342,10 +342,12 @@ def test_cli_sampling_json_bounds_and_tradeoff(
     assert [d["fpr"] for d in out["tradeoff"]] == [1e-3, 1e-2, 0.1]
     assert all(d["fpr"] <= d["tpr"] <= 1 for d in out["tradeoff"])
     assert fig.stat().st_size > 1000
-    with pytest.raises(SystemExit, match="directory"):
-        main([*common, "--sample-rate", "0.01", "--steps", "5", "--plot", "/nonexistent/d/x.png"])
-    with pytest.raises(SystemExit, match="dataset-size"):
-        main([*common, "--sampling", "fixed-size", "--steps", "3"])
+    code = main(
+        [*common, "--sample-rate", "0.01", "--steps", "5", "--plot", "/nonexistent/d/x.png"]
+    )
+    assert code == 2 and "directory" in capsys.readouterr().err  # usage error, before any work
+    assert main([*common, "--sampling", "fixed-size", "--steps", "3"]) == 2  # usage error
+    assert "dataset-size" in capsys.readouterr().err
 
 
 def test_allocation_extremes_never_crash_or_nan() -> None:

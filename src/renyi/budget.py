@@ -637,6 +637,12 @@ class Budget:
         """The verified spent total now (re-reading what other writers appended)."""
         return self._store.read(self._sync)
 
+    def spent(self) -> Any:
+        """The verified spent total in the budget's currency: an exact ``Fraction`` (pure ε,
+        zCDP ρ) or the per-order RDP array of an (ε, δ) or curve budget."""
+        value = self._spent()
+        return value.copy() if isinstance(value, np.ndarray) else value
+
     def can_spend(self, event: Event, count: int = 1) -> bool:
         """Whether ``spend(event, count)`` would succeed now (no state change)."""
         return bool(self._fits(self._spent() + self.cost(event, count)))
@@ -762,13 +768,13 @@ class Budget:
     def status(self) -> dict[str, Any]:
         """The budget in the user's units: what was spent and what is left.
 
-        Keys: ``kind``, ``entries``, ``head`` and, by kind, ``epsilon``/``delta`` (the target),
-        ``epsilon_spent``, ``epsilon_remaining`` (pure and (ε, δ)), ``rho``, ``rho_spent``,
-        ``rho_remaining`` (zCDP), ``order`` (the Rényi order giving the (ε, δ) figure) and
-        ``orders_within_budget``.
+        Keys: ``kind``, ``releases`` (entries recorded), ``head`` (the chain head) and, by
+        kind, ``epsilon``/``delta`` (the target), ``epsilon_spent``, ``epsilon_remaining``
+        (pure and (ε, δ)), ``rho``, ``rho_spent``, ``rho_remaining`` (zCDP), ``order`` (the
+        Rényi order giving the (ε, δ) figure) and ``orders_within_budget``.
         """
         spent = self._spent()
-        out: dict[str, Any] = {"kind": self.kind, "entries": self._n, "head": self._head}
+        out: dict[str, Any] = {"kind": self.kind, "releases": self._n, "head": self._head}
         if self.kind in ("pure", "zcdp"):
             unit = "epsilon" if self.kind == "pure" else "rho"
             cap = self._cap()

@@ -389,11 +389,8 @@ def _gopa_run(args: argparse.Namespace) -> int:
     from renyi.closed_forms import gaussian_epsilon
     from renyi.federated.gopa import calibrate_gopa, recommended_peers
 
-    try:
-        from renyi.federated.gopa_flower import run_local_deployment, session_graph
-    except ImportError as exc:
-        print(f"error: {exc}")
-        return 2
+    # without flwr this raises ImportError naming `pip install 'renyi[flower]'` (cli.main shows it)
+    from renyi.federated.gopa_flower import run_local_deployment, session_graph
     from renyi.random import get_source
 
     k = check_int("parties", args.parties, 2)

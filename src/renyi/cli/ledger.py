@@ -1,117 +1,275 @@
-"""``renyi ledger init|show|spend``: budgets with a durable ledger from the shell."""
+"""``renyi ledger init|status|show|spend|fits``: budgets with a durable ledger, in ε.
+
+``LEDGER`` is a SQLite file path or a ``postgresql://`` URL (a team ledger; ``#name`` picks
+one of several budgets in a database). A keyed (HMAC) ledger reads its key from the
+``RENYI_LEDGER_KEY`` environment variable. Everything answers in the user's units: ε spent
+and left at the budget's δ (pure ε for pure budgets, ρ for zCDP), with the Rényi order behind
+the figure as a detail; ``--json`` keeps the full per-order curves under ``curves``.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
 from typing import Any
 
 from renyi.budget import Budget
 from renyi.cli._output import format_table, print_json
-from renyi.events import GaussianEvent, LaplaceEvent, PoissonSampledEvent, PureDpEvent, from_json
+from renyi.events import (
+    Event,
+    GaussianEvent,
+    LaplaceEvent,
+    PoissonSampledEvent,
+    PureDpEvent,
+    from_json,
+)
+
+_LEDGER_HELP = "ledger: a SQLite file path or a postgresql:// URL (key: $RENYI_LEDGER_KEY)"
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("ledger", help="privacy budgets with a durable ledger")
+    p = sub.add_parser("ledger", help="privacy budgets with a durable, tamper-evident ledger")
     lsub = p.add_subparsers(dest="ledger_command", metavar="ACTION")
     lsub.required = True
 
-    init = lsub.add_parser("init", help="create a ledger with a budget")
-    init.add_argument("path")
-    init.add_argument("--epsilon", type=float, help="pure ε, or (ε, δ) with --delta")
-    init.add_argument("--delta", type=float)
-    init.add_argument("--rho", type=float, help="zCDP budget")
-    init.add_argument("--json", action="store_true")
+    init = lsub.add_parser("init", help="create a ledger with a budget (or reopen the same one)")
+    init.add_argument("path", metavar="LEDGER", help=_LEDGER_HELP)
+    init.add_argument("--epsilon", type=float, help="pure ε budget, or (ε, δ) with --delta")
+    init.add_argument("--delta", type=float, help="δ of an (ε, δ) budget, in (0, 1)")
+    init.add_argument("--rho", type=float, help="zCDP budget ρ (> 0)")
+    init.add_argument("--json", action="store_true", help="print one JSON object")
     init.set_defaults(func=_init)
 
-    show = lsub.add_parser("show", help="table of releases and the remaining budget")
-    show.add_argument("path")
-    show.add_argument("--json", action="store_true")
+    status = lsub.add_parser("status", help="ε spent and left (one line)")
+    status.add_argument("path", metavar="LEDGER", help=_LEDGER_HELP)
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    status.set_defaults(func=_status)
+
+    show = lsub.add_parser("show", help="ε spent and left, and the table of releases")
+    show.add_argument("path", metavar="LEDGER", help=_LEDGER_HELP)
+    show.add_argument("--json", action="store_true", help="print one JSON object")
     show.set_defaults(func=_show)
 
     spend = lsub.add_parser("spend", help="charge a release (refused if over budget)")
-    spend.add_argument("path")
-    what = spend.add_mutually_exclusive_group(required=True)
-    what.add_argument("--event", help="an event as JSON (renyi.events Event.to_json())")
-    what.add_argument("--pure-epsilon", type=float, help="a pure ε-DP release")
-    what.add_argument("--laplace-scale", type=float, help="Laplace, scale / L1 sensitivity")
-    what.add_argument("--noise-multiplier", type=float, help="Gaussian, σ / L2 sensitivity")
-    spend.add_argument("--sample-rate", type=float, help="Poisson rate (with --noise-multiplier)")
-    spend.add_argument("--count", type=int, default=1, help="number of runs (e.g. steps)")
-    spend.add_argument("--label")
-    spend.add_argument("--json", action="store_true")
+    spend.add_argument("path", metavar="LEDGER", help=_LEDGER_HELP)
+    _event_flags(spend)
+    spend.add_argument("--count", type=int, default=1, help="number of runs, e.g. steps (>= 1)")
+    spend.add_argument("--label", help="a label recorded with the entry")
+    spend.add_argument("--json", action="store_true", help="print one JSON object")
     spend.set_defaults(func=_spend)
 
-
-def _init(args: argparse.Namespace) -> int:
-    b = Budget(epsilon=args.epsilon, delta=args.delta, rho=args.rho, ledger=args.path)
-    if args.json:
-        print_json({"path": args.path, "budget": b.spec})
-    else:
-        print(f"created {args.path}: {b!r}")
-    return 0
+    fits = lsub.add_parser("fits", help="how many more steps (releases) of a kind fit")
+    fits.add_argument("path", metavar="LEDGER", help=_LEDGER_HELP)
+    _event_flags(fits)
+    fits.add_argument("--json", action="store_true", help="print one JSON object")
+    fits.set_defaults(func=_fits)
 
 
-def _remaining(b: Budget) -> dict[str, Any]:
-    rem = b.remaining()
-    if b.kind in ("pure", "zcdp"):
-        return {("epsilon" if b.kind == "pure" else "rho"): rem}
-    out: dict[str, Any] = {"orders_within_budget": int((rem.epsilons > 0).sum())}
+def _event_flags(p: argparse.ArgumentParser) -> None:
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--event", help="an event as JSON (renyi.events Event.to_json())")
+    what.add_argument("--pure-epsilon", type=float, help="a pure ε-DP release (ε > 0)")
+    what.add_argument("--laplace-scale", type=float, help="Laplace, scale / L1 sensitivity (> 0)")
+    what.add_argument(
+        "--noise-multiplier", type=float, help="Gaussian (DP-SGD step), σ / L2 sensitivity (> 0)"
+    )
+    p.add_argument(
+        "--sample-rate",
+        type=float,
+        help="Poisson sampling rate in (0, 1] (with --noise-multiplier)",
+    )
+
+
+def _event(args: argparse.Namespace) -> Event:
+    from renyi.cli.main import UsageError
+
+    if args.sample_rate is not None and args.noise_multiplier is None:
+        raise UsageError("--sample-rate goes with --noise-multiplier (a subsampled Gaussian step)")
+    if args.event:
+        return from_json(args.event)
+    if args.pure_epsilon is not None:
+        return PureDpEvent(args.pure_epsilon)
+    if args.laplace_scale is not None:
+        return LaplaceEvent(args.laplace_scale)
+    event: Event = GaussianEvent(args.noise_multiplier)
+    if args.sample_rate is not None:
+        event = PoissonSampledEvent(args.sample_rate, event)
+    return event
+
+
+def _key() -> str | None:
+    return os.environ.get("RENYI_LEDGER_KEY") or None
+
+
+def _open(args: argparse.Namespace) -> Budget:
+    return Budget.open(args.path, key=_key())
+
+
+def _num(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def _headline(b: Budget, st: dict[str, Any]) -> str:
+    """One line: what was spent and what is left, in the user's units."""
+    n = st["releases"]
+    releases = f"{n} release{'s' if n != 1 else ''}"
+    if b.kind == "pure":
+        return (
+            f"ε spent {_num(st['epsilon_spent'])} of {_num(st['epsilon'])}, "
+            f"{_num(st['epsilon_remaining'])} left (pure ε-DP, basic composition; {releases})"
+        )
+    if b.kind == "zcdp":
+        return (
+            f"ρ spent {_num(st['rho_spent'])} of {_num(st['rho'])}, "
+            f"{_num(st['rho_remaining'])} left (zCDP; {releases})"
+        )
     if b.kind == "approx":
-        out["epsilon_spent"] = b.spent_epsilon()
+        return (
+            f"ε spent {_num(st['epsilon_spent'])} of {_num(st['epsilon'])}, "
+            f"{_num(st['epsilon_remaining'])} left at δ={st['delta']:g} ({releases}; "
+            f"RDP filter, Mironov's conversion at Rényi order {st['order']:g})"
+        )
+    return (
+        f"RDP budget curve: {st['orders_within_budget']} orders within budget, best order "
+        f"{st['order']:g} ({releases})"
+    )
+
+
+def _describe(event: dict[str, Any]) -> str:
+    """A short readable form of a stored event: gaussian(σ=1.1) sampled at q=0.01, ..."""
+    kind = str(event.get("type", "?"))
+    if kind == "poisson_sampled" and isinstance(event.get("event"), dict):
+        return f"{_describe(event['event'])} sampled at q={event.get('sampling_rate'):g}"
+    if kind == "self_composed" and isinstance(event.get("event"), dict):
+        return f"{event.get('count')} x {_describe(event['event'])}"
+    params = [
+        f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+        for k, v in event.items()
+        if k not in ("type", "neighbouring") and isinstance(v, int | float | str)
+    ]
+    return f"{kind}({', '.join(params)})"
+
+
+def _cost_text(b: Budget, cost: dict[str, Any]) -> str:
+    if b.kind == "pure":
+        return str(cost.get("epsilon", ""))
+    if b.kind == "zcdp":
+        return str(cost.get("rho", ""))
+    value = cost.get("epsilon")
+    return _num(value) if isinstance(value, float) else ""
+
+
+def _entries_json(b: Budget) -> list[dict[str, Any]]:
+    return [
+        {
+            "index": e.index,
+            "time": e.time,
+            "label": e.label,
+            "event": e.event,
+            "count": e.count,
+            "cost": e.cost,
+            "state_after": e.state_after,
+            "metadata": e.metadata,
+            "hash": e.hash,
+        }
+        for e in b.entries()
+    ]
+
+
+def _status_json(b: Budget, path: str) -> dict[str, Any]:
+    st = b.status()
+    budget = {k: v for k, v in b.spec.items() if k not in ("orders", "limit")}
+    out: dict[str, Any] = {"ledger": path, "budget": budget, **st}
     return out
 
 
-def _show(args: argparse.Namespace) -> int:
-    b = Budget.open(args.path)
-    entries = b.entries()
+def _curves(b: Budget) -> dict[str, Any]:
+    if b.kind not in ("approx", "rdp"):
+        return {}
+    spec = b.spec
+    return {
+        "orders": spec["orders"],
+        "limit": spec["limit"],
+        "spent": [float(x) for x in b.spent()],
+    }
+
+
+def _init(args: argparse.Namespace) -> int:
+    b = Budget(epsilon=args.epsilon, delta=args.delta, rho=args.rho, ledger=args.path, key=_key())
+    st = b.status()
     if args.json:
-        print_json(
-            {
-                "path": args.path,
-                "budget": b.spec,
-                "remaining": _remaining(b),
-                "entries": [
-                    {
-                        "index": e.index,
-                        "time": e.time,
-                        "label": e.label,
-                        "count": e.count,
-                        "event": e.event,
-                        "cost": e.cost,
-                        "state_after": e.state_after,
-                        "metadata": e.metadata,
-                    }
-                    for e in entries
-                ],
-            }
-        )
+        print_json({"created": b.created, **_status_json(b, args.path)})
+    elif b.created:
+        print(f"created {args.path}: {b!r}")
+    else:
+        print(f"{args.path} already holds this budget; nothing changed: {_headline(b, st)}")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    b = _open(args)
+    if args.json:
+        print_json(_status_json(b, args.path))
+    else:
+        print(f"{b!r}: {_headline(b, b.status())}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    b = _open(args)
+    if args.json:
+        out = _status_json(b, args.path)
+        out["entries"] = _entries_json(b)
+        out["curves"] = _curves(b)
+        print_json(out)
         return 0
-    rows = [
-        [e.index, e.time[:19], e.label or "", e.event["type"], e.count, json.dumps(e.cost)]
-        for e in entries
-    ]
-    print(format_table(["#", "time (UTC)", "label", "event", "count", "cost"], rows, repr(b)))
-    print("remaining:", ", ".join(f"{k}={v:g}" for k, v in _remaining(b).items()))
+    st = b.status()
+    unit = "ρ" if b.kind == "zcdp" else "ε"
+    spent_key = "rho_spent" if b.kind == "zcdp" else "epsilon_spent"
+    rows = []
+    for e in b.entries():
+        after = e.state_after.get(spent_key)
+        rows.append(
+            [
+                e.index,
+                e.time[:19],
+                e.label or "",
+                _describe(e.event),
+                e.count,
+                _cost_text(b, e.cost),
+                _num(after) if isinstance(after, float) else (after or ""),
+            ]
+        )
+    headers = ["#", "time (UTC)", "label", "event", "count", f"{unit} cost", f"{unit} spent after"]
+    print(format_table(headers, rows, f"{b!r}: {_headline(b, st)}"))
+    print(f"chain head: {st['head']}")
     return 0
 
 
 def _spend(args: argparse.Namespace) -> int:
-    b = Budget.open(args.path)
-    if args.event:
-        event = from_json(args.event)
-    elif args.pure_epsilon is not None:
-        event = PureDpEvent(args.pure_epsilon)
-    elif args.laplace_scale is not None:
-        event = LaplaceEvent(args.laplace_scale)
-    else:
-        event = GaussianEvent(args.noise_multiplier)
-        if args.sample_rate is not None:
-            event = PoissonSampledEvent(args.sample_rate, event)
-    receipt = b.spend(event, args.count, label=args.label)
+    b = _open(args)
+    receipt = b.spend(_event(args), args.count, label=args.label)
+    st = b.status()
     if args.json:
-        print_json({"index": receipt.index, "cost": receipt.cost, "remaining": _remaining(b)})
+        print_json({"index": receipt.index, "cost": receipt.cost, **_status_json(b, args.path)})
     else:
-        print(f"recorded release #{receipt.index}: cost {json.dumps(receipt.cost)}")
-        print("remaining:", ", ".join(f"{k}={v:g}" for k, v in _remaining(b).items()))
+        what = f"{unit} {_cost_text(b, receipt.cost)}" if (unit := _unit(b)) else "recorded"
+        print(f"recorded release #{receipt.index} ({what}): {_headline(b, st)}")
+    return 0
+
+
+def _unit(b: Budget) -> str:
+    return {"pure": "ε", "approx": "ε", "zcdp": "ρ"}.get(b.kind, "")
+
+
+def _fits(args: argparse.Namespace) -> int:
+    b = _open(args)
+    event = _event(args)
+    steps = b.max_count(event)
+    st = b.status()
+    if args.json:
+        print_json({"steps": steps, "event": event.to_dict(), **_status_json(b, args.path)})
+    else:
+        kind = "steps" if isinstance(event, PoissonSampledEvent | GaussianEvent) else "releases"
+        print(f"{steps} more {kind} of {_describe(event.to_dict())} fit: {_headline(b, st)}")
     return 0

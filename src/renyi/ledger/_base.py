@@ -27,6 +27,7 @@ __all__ = [
     "CHAIN_SHA256",
     "LedgerEntry",
     "LedgerError",
+    "LedgerNotFoundError",
     "LedgerStore",
     "MemoryLedgerStore",
     "Transaction",
@@ -46,6 +47,10 @@ T = TypeVar("T")
 
 class LedgerError(RenyiError):
     """The ledger is missing, unreadable, corrupted, tampered with, foreign or not writable."""
+
+
+class LedgerNotFoundError(LedgerError):
+    """No ledger at the given path or under the given name (a usage mistake, exit code 2)."""
 
 
 def dumps(obj: Any) -> str:

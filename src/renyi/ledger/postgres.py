@@ -32,6 +32,7 @@ from renyi.ledger._base import (
     SCHEMA_VERSION,
     LedgerEntry,
     LedgerError,
+    LedgerNotFoundError,
     Transaction,
     dumps,
     loads,
@@ -152,8 +153,9 @@ class PostgresLedgerStore:
         try:
             import psycopg
         except ImportError:
-            raise LedgerError(
-                "a postgresql:// ledger needs psycopg 3: pip install 'renyi[postgres]'"
+            raise ModuleNotFoundError(
+                "a postgresql:// ledger needs psycopg 3: pip install 'renyi[postgres]'",
+                name="psycopg",
             ) from None
         self._psycopg = psycopg
         parts = urlsplit(url)
@@ -163,7 +165,7 @@ class PostgresLedgerStore:
         self._local = threading.local()
         self._where = f"{_redact(self.url)}#{self.ledger}"
         if not create and self.spec() is None:
-            raise LedgerError(f"no ledger named {self.ledger!r} in {_redact(self.url)}")
+            raise LedgerNotFoundError(f"no ledger named {self.ledger!r} in {_redact(self.url)}")
 
     def describe(self) -> str:
         return self._where
@@ -219,7 +221,7 @@ class PostgresLedgerStore:
                     time.sleep(delay * (1 + random.random()))
                     delay = min(delay * 2, 0.2)
                 except psycopg.errors.UndefinedTable:
-                    raise LedgerError(f"no ledger tables in {_redact(self.url)}") from None
+                    raise LedgerNotFoundError(f"no ledger tables in {_redact(self.url)}") from None
                 except psycopg.Error as exc:
                     raise LedgerError(
                         f"{self._where}: could not {action} (nothing was recorded): {exc}"

@@ -33,6 +33,7 @@ from renyi.ledger._base import (
     SCHEMA_VERSION,
     LedgerEntry,
     LedgerError,
+    LedgerNotFoundError,
     Transaction,
     dumps,
     loads,
@@ -196,7 +197,7 @@ class SQLiteLedgerStore:
         self._exists = self.path.exists()
         if not self._exists:
             if not create:
-                raise LedgerError(f"no ledger at {self._where}")
+                raise LedgerNotFoundError(f"no ledger at {self._where}")
             return
         self._check_file()
         with self._conn(read_only=True, action="open the ledger") as conn:
@@ -222,7 +223,7 @@ class SQLiteLedgerStore:
     def _conn(self, *, read_only: bool, action: str) -> Iterator[sqlite3.Connection]:
         """This thread's connection (kept open between calls: closing checkpoints the WAL)."""
         if not self._exists and not self.path.exists():
-            raise LedgerError(f"no ledger at {self._where}")
+            raise LedgerNotFoundError(f"no ledger at {self._where}")
         cached = getattr(self._local, "conn", None)
         conn: sqlite3.Connection | None = None
         if cached is not None and cached[0] == os.getpid():
