@@ -20,7 +20,7 @@ from renyi.accountants.base import Accountant, DeltaResult, EpsilonResult
 from renyi.accountants.pld import PldAccountant, event_pld
 from renyi.accountants.rdp import RdpAccountant, event_rdp
 from renyi.accountants.zcdp import ZcdpAccountant, event_rho
-from renyi.errors import RenyiError
+from renyi.errors import RenyiError, UnsupportedEventError
 from renyi.events import Event, PoissonSampledEvent, SampledWithoutReplacementEvent, dpsgd_event
 
 __all__ = [
@@ -73,7 +73,39 @@ class EpsilonReport:
 
     def best(self) -> EpsilonResult:
         """The smallest proven ε (every row is a valid upper bound)."""
+        if not self.results:
+            why = "; ".join(f"{n}: {w}" for n, w in self.unsupported) or "none was asked"
+            raise UnsupportedEventError(f"no accountant applies to this event ({why})")
         return min(self.results, key=lambda r: r.epsilon)
+
+    # float-like: ``float(renyi.epsilon(...))`` is the tightest sound ε; details on attributes
+    @property
+    def epsilon(self) -> float:
+        """The tightest proven ε at ``delta`` over the accountants that apply."""
+        return self.best().epsilon
+
+    @property
+    def accountant(self) -> str:
+        """The accountant that gave :attr:`epsilon`."""
+        return self.best().accountant
+
+    def __float__(self) -> float:
+        return self.epsilon
+
+    def __format__(self, spec: str) -> str:
+        return format(self.epsilon, spec) if spec else str(self)
+
+    def __lt__(self, other: Any) -> bool:
+        return self.epsilon < float(other)
+
+    def __le__(self, other: Any) -> bool:
+        return self.epsilon <= float(other)
+
+    def __gt__(self, other: Any) -> bool:
+        return self.epsilon > float(other)
+
+    def __ge__(self, other: Any) -> bool:
+        return self.epsilon >= float(other)
 
     def __str__(self) -> str:
         from renyi.cli._output import format_table
@@ -87,9 +119,13 @@ class EpsilonReport:
             ]
             for r in self.results
         ]
-        text = format_table(
-            ["accountant", "epsilon", "order", "epsilon_lower"], rows, f"delta = {self.delta:g}"
-        )
+        title = f"delta = {self.delta:g}"
+        if self.results:
+            title = (
+                f"epsilon = {self.epsilon:.6g} at delta = {self.delta:g} (tightest proven bound, "
+                f"from the {self.accountant} accountant; every row is a valid upper bound)"
+            )
+        text = format_table(["accountant", "epsilon", "order", "epsilon_lower"], rows, title)
         notes = [f"  {name}: not applicable ({why})" for name, why in self.unsupported]
         if self.subsampled and any(r.accountant == "zcdp" for r in self.results):
             notes.append("  zcdp: charges subsampled steps without amplification (never tighter)")
