@@ -643,14 +643,18 @@ def run_local_deployment(
         )
         for fname, text in (app_files or {}).items():
             (app / fname).write_text(text)
-        subprocess.run(
-            [_tool("flwr"), "run", str(app), "loopback"],
-            env=env,
-            cwd=app,
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
+        try:
+            subprocess.run(
+                [_tool("flwr"), "run", str(app), "loopback"],
+                env=env,
+                cwd=app,
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            tail = (exc.stderr or b"")[-500:].decode(errors="replace") if exc.stderr else ""
+            raise ProtocolAbortedError(f"'flwr run' failed ({exc}); {tail}") from None
         end = started + timeout + 30
         seen = 0
         while not result_file.exists():
