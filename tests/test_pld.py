@@ -534,9 +534,6 @@ def test_properties_of_explicit_pairs(p: np.ndarray, q: np.ndarray, eps: float) 
         lambda: PLD.gaussian(1.0).epsilon_for_delta(float("nan")),
         lambda: PLD.gaussian(1.0).epsilon_for_delta([1e-5, 2.0]),
         lambda: PLD.gaussian(1.0).compose("x"),  # type: ignore[arg-type]
-        lambda: PLD.gaussian(1.0, value_discretization_interval=1e-4).compose(
-            PLD.gaussian(1.0, value_discretization_interval=3e-4 / 2)
-        ),
     ],
 )
 def test_bad_input_raises_our_error(call) -> None:

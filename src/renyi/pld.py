@@ -76,6 +76,13 @@ Direction = Literal["remove", "add"]
 FloatArray = NDArray[np.float64]
 
 _U = float(np.finfo(np.float64).eps)  # 2.2e-16, unit round-off (times 2)
+# extended precision (x87 80-bit long double on x86-64: 1.1e-19; equal to _U where long
+# double is double): FFT powers are redone in it when float64 round-off would dominate delta
+_EXT = np.longdouble
+_U_EXT = float(np.finfo(_EXT).eps)
+_EXT_USEFUL = _U_EXT < _U / 16
+_NOISE_RATIO = 1e-4  # a query whose round-off bound exceeds this fraction of delta ...
+_EXT_MAX_POINTS = 1 << 19  # ... is redone in extended precision if its FFTs were this short
 _LOGCDF_ULPS = 32.0  # assumed accuracy of scipy's log_ndtr, in ulps of |log value| (+1)
 _FFT_C = 8.0  # constant of the a-priori FFT round-off model, per butterfly level
 _KAPPA = 1e-10  # relative safety margin applied to every reported delta
@@ -197,7 +204,7 @@ def _merge(terms: Sequence[_ErrTerm], limit: int = 12) -> tuple[_ErrTerm, ...]:
     return (_term(lams, log_ws, lo, hi),)
 
 
-def _fft_level_error(n: int) -> float:
+def _fft_level_error(n: int, u: float = _U) -> float:
     """Per-coefficient absolute error of an FFT of length ``n`` per unit of input L1 norm.
 
     An a-priori model: every output of a length-``n`` FFT passes through about ``log2 n``
@@ -205,7 +212,7 @@ def _fft_level_error(n: int) -> float:
     sums bounded by the input's L1 norm (cf. Higham, *Accuracy and Stability of Numerical
     Algorithms*, 2nd ed., Sec. 24.1); ``_FFT_C`` leaves a generous margin.
     """
-    return _FFT_C * _U * (math.log2(max(n, 2)) + 1.0)
+    return _FFT_C * u * (math.log2(max(n, 2)) + 1.0)
 
 
 def _rfft_weights(n_fft: int, size: int) -> FloatArray:
@@ -291,24 +298,31 @@ def _stitch(
     return probs, terms
 
 
-def _tilted_rfft(side: _Side, lam: float, lm: float, n_fft: int, g: float) -> tuple[Any, float]:
+def _tilted_rfft(
+    side: _Side, lam: float, lm: float, n_fft: int, g: float, ext: bool = False
+) -> tuple[Any, float]:
     """rfft of the masses tilted by ``exp(lam L - lm)`` (folded cyclically onto ``n_fft``
-    points) and a bound on the absolute error of each coefficient."""
-    with np.errstate(over="ignore", under="ignore"):
-        t = np.exp(side.log_probs + lam * side.losses - lm)
+    points) and a bound on the absolute error of each coefficient; in extended precision
+    if ``ext``."""
+    u = _U_EXT if ext else _U
+    with np.errstate(over="ignore", under="ignore", divide="ignore"):
+        if ext:
+            t = np.exp(np.log(side.probs.astype(_EXT)) + lam * side.losses.astype(_EXT) - lm)
+        else:
+            t = np.exp(side.log_probs + lam * side.losses - lm)
     folds = 1
     if side.size > n_fft:
         folds = -(-side.size // n_fft)
-        pad = np.zeros(folds * n_fft)
+        pad = np.zeros(folds * n_fft, dtype=t.dtype)
         pad[: side.size] = t
         base = pad.reshape(folds, n_fft).sum(axis=0)
     else:
         base = t
     tot = float(np.sum(t))
-    return sfft.rfft(base, n_fft), (g + (folds - 1) * _U) * tot
+    return sfft.rfft(base, n_fft), (g + (folds - 1) * u) * tot
 
 
-def _fft_power(z: Any, gz: float, T: int) -> tuple[Any, FloatArray]:
+def _fft_power(z: Any, gz: float, T: int, u: float = _U) -> tuple[Any, FloatArray]:
     """``z**T`` per coefficient and a bound on its error, given errors ``<= gz`` in ``z``.
 
     Small powers by repeated complex multiplication (relative error of each product
@@ -331,9 +345,9 @@ def _fft_power(z: Any, gz: float, T: int) -> tuple[Any, FloatArray]:
                 mults += 1
         with np.errstate(under="ignore"):
             pow_in = T * gz * (absz + gz) ** (T - 1)
-        return w, pow_in + _FFT_C * _U * (mults + 1) * np.abs(w)
+        return w, pow_in + _FFT_C * u * (mults + 1) * np.abs(w)
     w = np.zeros_like(z)
-    err = np.zeros(z.size)
+    err = np.zeros(z.size, dtype=absz.dtype)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
         keep = np.flatnonzero((T - 1) * np.log(absz + gz) > -700.0)
         zk, ak = z[keep], absz[keep]
@@ -342,7 +356,7 @@ def _fft_power(z: Any, gz: float, T: int) -> tuple[Any, FloatArray]:
         phase = T * np.angle(zk)
         w[keep] = np.where(ak > 0, mag * (np.cos(phase) + 1j * np.sin(phase)), 0.0)
         pow_in = T * gz * np.exp((T - 1) * np.log(ak + gz))
-        pow_own = np.where(ak > 0, _FFT_C * _U * (1.0 + T * (np.abs(log_abs) + math.pi)) * mag, 0.0)
+        pow_own = np.where(ak > 0, _FFT_C * u * (1.0 + T * (np.abs(log_abs) + math.pi)) * mag, 0.0)
     err[keep] = pow_in + pow_own
     return w, err
 
@@ -365,18 +379,15 @@ def _composed_inf(factors: Sequence[tuple[float, float, int]], pessimistic: bool
 
 
 def _regrid(side: _Side, h: float) -> _Side:
-    """``side`` on the coarser grid ``h`` (an integer multiple of its own)."""
+    """``side`` on the coarser grid ``h``: exact index arithmetic when ``h`` is an integer
+    multiple of its own grid, the general (any ratio) re-gridding otherwise."""
     if side.h == h:
         return side
     ratio = h / side.h
     factor = round(ratio)
-    if factor < 1 or abs(ratio - factor) > 1e-9 * ratio:
-        raise fail(
-            "value_discretization_interval",
-            (side.h, h),
-            "equal intervals, or one an integer multiple of the other",
-        )
-    return replace(side.coarsen(factor), h=h)
+    if factor >= 1 and abs(ratio - factor) <= 1e-9 * ratio:
+        return replace(side.coarsen(factor), h=h)
+    return side.regrid_any(h)
 
 
 class _Plan(NamedTuple):
@@ -504,6 +515,7 @@ class _Side:
     support: tuple[float, float] = (0.0, 0.0)
     hoeffding_var: float = 0.0  # lower side: sum of squared widths of the random roundings
     shift: float = 0.0  # lower side: bound on the total bias of those roundings
+    fft_len: int = 0  # the longest FFT that produced it (the cost of redoing it)
 
     # -- basic views --------------------------------------------------------------------
     @property
@@ -742,6 +754,65 @@ class _Side:
             (lo - (0.0 if up else shift), hi + (shift if up else 0.0)),
             0.0 if up else self.hoeffding_var + shift * shift,
             self.shift,
+            self.fft_len,
+        )
+
+    def regrid_any(self, big_h: float) -> _Side:
+        """Re-grid to ``{k H}`` for any ``H > h`` (not necessarily a multiple of ``h``).
+
+        Each point's mass is split between the two coarse points around it: by
+        connect-the-dots with the share sent up rounded up (pessimistic; the mean of
+        ``e^-L`` is preserved, so by Jensen every ``delta(eps)`` can only grow), or at random
+        with the mean preserved (optimistic; the width ``H`` enters the Hoeffding variance
+        like any rounding). The float positions' round-off is absorbed conservatively.
+        """
+        if big_h <= self.h:
+            raise fail("value_discretization_interval", big_h, f"a value > {self.h!r}")
+        losses = self.losses
+        base_k = np.floor(losses / big_h)
+        base_k = np.where(base_k * big_h > losses, base_k - 1, base_k)
+        base_k = np.where((base_k + 1) * big_h < losses, base_k + 1, base_k)
+        d = losses - base_k * big_h
+        slack = 8 * _U * (np.abs(losses) + big_h)
+        off = int(base_k[0])
+        idx = (base_k - off).astype(np.int64)
+        n_new = int(idx[-1]) + 2
+        up = self.pessimistic
+        if up:  # the share sent up grows with d: use an upper bound on d
+            d_hi = np.minimum(d + slack, big_h)
+            right = _ctd_upper(self.probs, self.probs * np.exp(-d_hi) * (1 - 8 * _U), big_h)
+            w_lo, w_hi = self.probs - right, right
+        else:  # round at random, preserving the mean; the position error joins the shift
+            frac = np.clip(d / big_h, 0.0, 1.0)
+            w_lo, w_hi = self.probs * (1 - frac), self.probs * frac
+        probs = _f64(
+            np.bincount(idx, weights=w_lo, minlength=n_new)
+            + np.bincount(idx + 1, weights=w_hi, minlength=n_new)
+        )
+        errs = tuple(
+            _term(
+                t.lams,
+                [lw + (lt * big_h if up else 0.0) for lt, lw in zip(t.lams, t.log_ws, strict=True)],
+                t.lo - (0.0 if up else big_h),
+                t.hi + (big_h if up else 0.0),
+            )
+            for t in self.errors
+        )
+        lo, hi = self.support
+        return _trim(
+            _Side(
+                up,
+                big_h,
+                off,
+                probs,
+                self.finite_mass,
+                self.inf_mass,
+                errs,
+                (lo - (0.0 if up else big_h), hi + (big_h if up else 0.0)),
+                0.0 if up else self.hoeffding_var + big_h * big_h,
+                self.shift + (0.0 if up else float(np.max(slack))),
+                self.fft_len,
+            )
         )
 
     def _error_log_w(self, lam: float) -> float:
@@ -759,7 +830,9 @@ class _Side:
         """``log_mgf`` at ``_S_ALL``, the orders of every Chernoff bound (computed once)."""
         return self.log_mgf(_S_ALL)
 
-    def self_compose(self, plan: _Plan, tail_mass: float, tilt: float | None) -> _Side:
+    def self_compose(
+        self, plan: _Plan, tail_mass: float, tilt: float | None, ext: bool = False
+    ) -> _Side:
         """``self`` composed ``plan.total`` times, following ``plan`` (see :func:`_plan`).
 
         One FFT power ``self^t0`` on the grid ``h``; then every level coarsens by a power of
@@ -772,25 +845,23 @@ class _Side:
         if count == 0:
             return _identity_side(self.pessimistic, self.h)
         if not plan.levels:  # one FFT power on the fine grid
-            return self._power_fitting(count, tail_mass, tilt, None)
+            return self._power_fitting(count, tail_mass, tilt, None, ext=ext)
         lm_pos = self.mgf_table[_S_GRID.size + 1 :]
         lam_max = _tilts(count * lm_pos, 1, tilt)[-1]  # one tilt target for every stage
         side = self
         if plan.t0 > 1:
-            side = self._power_fitting(plan.t0, plan.taus[0], tilt, lam_max)
+            side = self._power_fitting(plan.t0, plan.taus[0], tilt, lam_max, ext=ext)
         powers: dict[int, _Side] = {1: self}
-        regridded: dict[tuple[int, float], _Side] = {}
         for (digit, factor), tau in zip(plan.levels, plan.taus[1:], strict=True):
             side = side.coarsen(factor)
             extra = None
             if digit:
                 if digit not in powers:
-                    powers[digit] = self._power_fitting(digit, plan.extra_tau, tilt, lam_max)
-                key = (digit, side.h)
-                if key not in regridded:
-                    regridded[key] = _regrid(powers[digit], side.h)
-                extra = regridded[key]
-            side = side._power_fitting(plan.m, tau, tilt, lam_max, extra)
+                    powers[digit] = self._power_fitting(
+                        digit, plan.extra_tau, tilt, lam_max, ext=ext
+                    )
+                side, extra = _common_grid(side, powers[digit])
+            side = side._power_fitting(plan.m, tau, tilt, lam_max, extra, ext=ext)
         return side
 
     def _power_fitting(
@@ -800,16 +871,18 @@ class _Side:
         tilt: float | None,
         lam_max: float | None,
         extra: _Side | None = None,
+        *,
+        ext: bool = False,
     ) -> _Side:
         """:meth:`_power`, coarsening the inputs first if the window cannot fit in memory."""
         side = self
         for _ in range(64):
-            result = side._power(count, tail_mass, tilt, lam_max, extra)
+            result = side._power(count, tail_mass, tilt, lam_max, extra, ext=ext)
             if isinstance(result, _Side):
                 return result
             side = side.coarsen(result)
             if extra is not None:
-                extra = _regrid(extra, side.h)
+                side, extra = _common_grid(side, extra)
         raise fail("count", count, "a count whose composition fits in memory")  # pragma: no cover
 
     def _power(
@@ -819,6 +892,8 @@ class _Side:
         tilt: float | None,
         lam_max: float | None,
         extra: _Side | None = None,
+        *,
+        ext: bool = False,
     ) -> _Side | int:
         """``self^count`` (convolved once with ``extra``, on the same grid, if given) by one
         FFT power over a Chernoff window; a power-of-two coarsening factor instead if that
@@ -901,6 +976,7 @@ class _Side:
                     lams.append(float(lam_c))
                     break
         runs = []
+        longest = max(self.fft_len, extra.fft_len if extra is not None else 0)
         for lam in lams:  # a handful of tilts, each one FFT power
             w_lo, w_hi, up, dn = window(lam, log_al)
             if lam == 0.0:
@@ -911,22 +987,24 @@ class _Side:
             if w_hi - w_lo + 1 > _MAX_BINS or w_hi < out_lo or w_lo > out_hi:
                 continue  # this tilt would not help: the others cover the window
             n_fft = sfft.next_fast_len(w_hi - w_lo + 1, real=True)
+            longest = max(longest, n_fft)
             ls, le = parts(lam) if lam else (float(lm_tab[n_g]), 0.0)
             if extra is not None and not lam:
                 le = float(extra.mgf_table[n_g])
-            g = _fft_level_error(n_fft)
-            z, gz = _tilted_rfft(self, lam, ls, n_fft, g)
-            w, err = _fft_power(z, gz, T)
+            u = _U_EXT if ext else _U
+            g = _fft_level_error(n_fft, u)
+            z, gz = _tilted_rfft(self, lam, ls, n_fft, g, ext)
+            w, err = _fft_power(z, gz, T, u)
             if extra is not None:
-                ze, gze = _tilted_rfft(extra, lam, le, n_fft, g)
+                ze, gze = _tilted_rfft(extra, lam, le, n_fft, g, ext)
                 err = err * (np.abs(ze) + gze) + np.abs(w) * gze
                 w = w * ze
-                err = err + 4.0 * _U * np.abs(w)
+                err = err + 4.0 * u * np.abs(w)
             wts = _rfft_weights(n_fft, z.size)
             e_fft = float(np.sum(wts * err)) + g * float(np.sum(wts * np.abs(w)))
-            e_fft += 4.0 * _U * n_fft + 1e-250
+            e_fft += 4.0 * u * n_fft + 1e-250
             r_cyc = sfft.irfft(w, n_fft)
-            r = np.full(K.size, np.nan)
+            r = np.full(K.size, np.nan, dtype=r_cyc.dtype)
             a, b = max(w_lo, out_lo), min(w_hi, out_hi)
             start = (a - nat_lo) % n_fft  # cyclic position of the composed index a
             r[a - out_lo : b - out_lo + 1] = np.roll(r_cyc, -start)[: b - a + 1]
@@ -985,10 +1063,13 @@ class _Side:
                 (T * self.support[0] + x_sup[0], T * self.support[1] + x_sup[1]),
                 T * self.hoeffding_var + (extra.hoeffding_var if extra is not None else 0.0),
                 T * self.shift + (extra.shift if extra is not None else 0.0),
+                longest,
             )
         )
 
-    def compose(self, other: _Side, tail_mass: float, tilt: float | None) -> _Side:
+    def compose(
+        self, other: _Side, tail_mass: float, tilt: float | None, ext: bool = False
+    ) -> _Side:
         a, b = _common_grid(self, other)
         lams = _tilts(a.log_mgf(_S_GRID) + b.log_mgf(_S_GRID), 1, tilt)
         lm_a = a.log_mgf(np.asarray(lams))
@@ -997,16 +1078,17 @@ class _Side:
         n_fft = sfft.next_fast_len(n_out, real=True)
         off = a.offset + b.offset
         out_l = (off + np.arange(n_out)) * a.h
-        g = _fft_level_error(n_fft)
+        u = _U_EXT if ext else _U
+        g = _fft_level_error(n_fft, u)
         runs = []
         for lam, la, lb in zip(lams, lm_a, lm_b, strict=True):
-            za, ga = _tilted_rfft(a, lam, la, n_fft, g)
-            zb, gb = _tilted_rfft(b, lam, lb, n_fft, g)
+            za, ga = _tilted_rfft(a, lam, la, n_fft, g, ext)
+            zb, gb = _tilted_rfft(b, lam, lb, n_fft, g, ext)
             w = za * zb
             r = sfft.irfft(w, n_fft)[:n_out]
             wts = _rfft_weights(n_fft, w.size)
-            dw = ga * np.abs(zb) + gb * np.abs(za) + ga * gb + 2 * _U * np.abs(w)
-            e = float(np.sum(wts * dw)) + g * float(np.sum(wts * np.abs(w))) + 4.0 * _U * n_fft
+            dw = ga * np.abs(zb) + gb * np.abs(za) + ga * gb + 2 * u * np.abs(w)
+            e = float(np.sum(wts * dw)) + g * float(np.sum(wts * np.abs(w))) + 4.0 * u * n_fft
             scale = 4.0 * _U * (1.0 + abs(float(la + lb)) + lam * float(np.max(np.abs(out_l))))
             e += scale * float(np.sum(np.abs(r)))
             runs.append((lam, float(la + lb), e, r))
@@ -1023,12 +1105,12 @@ class _Side:
         for t in a.errors:  # e_a * b
             wa = np.array([t.at(float(x)) for x in alt])
             errs.append(_term(alt, wa + mb, t.lo + b_glo, t.hi + b_ghi))
-            for u in b.errors:  # e_a * e_b
-                wb = np.array([u.at(float(x)) for x in alt])
-                errs.append(_term(alt, wa + wb, t.lo + u.lo, t.hi + u.hi))
-        for u in b.errors:  # a * e_b
-            wb = np.array([u.at(float(x)) for x in alt])
-            errs.append(_term(alt, wb + ma, u.lo + a_glo, u.hi + a_ghi))
+            for v in b.errors:  # e_a * e_b
+                wb = np.array([v.at(float(x)) for x in alt])
+                errs.append(_term(alt, wa + wb, t.lo + v.lo, t.hi + v.hi))
+        for v in b.errors:  # a * e_b
+            wb = np.array([v.at(float(x)) for x in alt])
+            errs.append(_term(alt, wb + ma, v.lo + a_glo, v.hi + a_ghi))
         if a.pessimistic:
             inf = _composed_inf(
                 [(a.finite_mass, a.inf_mass, 1), (b.finite_mass, b.inf_mass, 1)], True
@@ -1047,6 +1129,7 @@ class _Side:
             (a.support[0] + b.support[0], a.support[1] + b.support[1]),
             a.hoeffding_var + b.hoeffding_var,
             a.shift + b.shift,
+            max(a.fft_len, b.fft_len, n_fft),
         )
         return _truncate(side, tail_mass)
 
@@ -1537,6 +1620,11 @@ class PrivacyLossDistribution:
     lower_side: _Side = field(repr=False)
     tail_mass: float = 1e-15
     description: str = ""
+    # how to recompute both sides in extended precision (None: exact inputs or too large)
+    _refine: Callable[[], tuple[_Side, _Side]] | None = field(
+        default=None, repr=False, compare=False
+    )
+    _cache: dict[str, tuple[_Side, _Side]] = field(default_factory=dict, repr=False, compare=False)
 
     # -- constructors -------------------------------------------------------------------
     @classmethod
@@ -1867,11 +1955,20 @@ class PrivacyLossDistribution:
             raise fail("other", other, "a PrivacyLossDistribution")
         tl = _check_tilt(tilt)
         tm = min(self.tail_mass, other.tail_mass)
+        up = self.upper_side.compose(other.upper_side, tm, tl)
+        lo = self.lower_side.compose(other.lower_side, tm, tl)
+
+        def refine() -> tuple[_Side, _Side]:
+            (au, al), (bu, bl) = self._precise_sides(), other._precise_sides()
+            return au.compose(bu, tm, tl, True), al.compose(bl, tm, tl, True)
+
+        small = max(up.fft_len, lo.fft_len) <= _EXT_MAX_POINTS
         return PrivacyLossDistribution(
-            self.upper_side.compose(other.upper_side, tm, tl),
-            self.lower_side.compose(other.lower_side, tm, tl),
+            up,
+            lo,
             tm,
             f"({self.description}) + ({other.description})",
+            refine if small and _EXT_USEFUL else None,
         )
 
     def self_compose(
@@ -1909,12 +2006,44 @@ class PrivacyLossDistribution:
         if mb > 1 << 22:
             raise fail("max_bins", max_bins, f"an integer in [1024, {1 << 22}]")
         plan = _plan(self.upper_side, n, self.tail_mass, mb)
+        tm = self.tail_mass
+
+        def refine() -> tuple[_Side, _Side]:
+            u, lo = self._precise_sides()
+            return u.self_compose(plan, tm, tl, True), lo.self_compose(plan, tm, tl, True)
+
+        up = self.upper_side.self_compose(plan, tm, tl)
+        lo = self.lower_side.self_compose(plan, tm, tl)
+        small = 0 < max(up.fft_len, lo.fft_len) <= _EXT_MAX_POINTS
         return PrivacyLossDistribution(
-            self.upper_side.self_compose(plan, self.tail_mass, tl),
-            self.lower_side.self_compose(plan, self.tail_mass, tl),
-            self.tail_mass,
-            f"{n} x ({self.description})",
+            up, lo, tm, f"{n} x ({self.description})", refine if small and _EXT_USEFUL else None
         )
+
+    def _precise_sides(self) -> tuple[_Side, _Side]:
+        """Both sides recomputed with extended-precision FFTs (cached), or the stored ones
+        when they came from exact inputs or are too large to redo."""
+        if self._refine is None:
+            return self.upper_side, self.lower_side
+        if "ext" not in self._cache:
+            self._cache["ext"] = self._refine()
+        return self._cache["ext"]
+
+    def _noisy(self, eps_up: FloatArray, eps_lo: FloatArray, delta: FloatArray) -> FloatArray:
+        """Queries whose tracked float64 round-off exceeds ``_NOISE_RATIO`` of their delta
+        (at the reported upper / lower epsilon): their answer is recomputed with
+        extended-precision FFTs (the heavy-tailed compositions of tiny sampling rates put
+        small deltas where the loss distribution holds little mass and no exponential tilt
+        helps, so the FFT's round-off, relative to the total mass, would set the bound)."""
+        if self._refine is None:
+            return np.zeros(delta.shape, dtype=bool)
+        fu = np.isfinite(eps_up)
+        fl = np.isfinite(eps_lo)
+        bad = np.zeros(delta.shape, dtype=bool)
+        if np.any(fu):
+            bad[fu] |= self.upper_side.error_at(eps_up[fu]) > _NOISE_RATIO * delta[fu]
+        if np.any(fl):
+            bad[fl] |= self.lower_side.error_at(eps_lo[fl]) > _NOISE_RATIO * delta[fl]
+        return bad
 
     # -- queries --------------------------------------------------------------------------
     def delta_for_epsilon(self, epsilon: ArrayLike) -> PldBounds:
@@ -1926,8 +2055,14 @@ class PrivacyLossDistribution:
         """
         eps, scalar = _as_eps_array(epsilon)
         up = self.upper_side.delta_bound(eps)
-        lo = np.minimum(self.lower_side.delta_bound(eps), up)
+        lo = self.lower_side.delta_bound(eps)
         est = self.upper_side.delta_raw(eps) + self.upper_side.inf_mass
+        bad = self._noisy(eps, eps, np.maximum(up, 1e-300))
+        if np.any(bad):
+            pu, pl = self._precise_sides()
+            up[bad] = np.minimum(up[bad], pu.delta_bound(eps[bad]))
+            lo[bad] = np.maximum(lo[bad], pl.delta_bound(eps[bad]))
+        lo = np.minimum(lo, up)
         return _finish(lo, est, np.minimum(up, 1.0), scalar)
 
     def epsilon_for_delta(self, delta: ArrayLike) -> PldBounds:
@@ -1940,7 +2075,13 @@ class PrivacyLossDistribution:
         """
         d, scalar = _as_delta_array(delta)
         up = self.upper_side.epsilon_bound(d)
-        lo = np.minimum(self.lower_side.epsilon_bound(d), up)
+        lo = self.lower_side.epsilon_bound(d)
+        bad = self._noisy(up, lo, d)
+        if np.any(bad):
+            pu, pl = self._precise_sides()
+            up[bad] = np.minimum(up[bad], pu.epsilon_bound(d[bad]))
+            lo[bad] = np.maximum(lo[bad], pl.epsilon_bound(d[bad]))
+        lo = np.minimum(lo, up)
         return _finish(lo, self.upper_side.epsilon_raw(d), up, scalar)
 
     def __repr__(self) -> str:
