@@ -136,6 +136,10 @@ def calibrate_noise_multiplier(
         raise fail("sample_rate", sample_rate, "a number in (0, 1] (q = 0 releases nothing)")
 
     eps, calls = _epsilon_fn(accountant, delta, lambda s: (dpsgd_event(s, q, **event_kwargs), t))
+    # An unreachable target is found at once: the largest noise allowed is cheap to account
+    # (its loss is tiny), whereas the bracketing below would probe ever smaller noise first.
+    if eps(max_noise_multiplier).epsilon > target:
+        raise _unreachable(target, delta, accountant, max_noise_multiplier)
     guess, factor = _guess(target, delta, q, t, accountant, event_kwargs)
     if guess is not None:
         # Slow accountants: bracket tightly around a cheap answer (PLD on a 10x coarser grid,

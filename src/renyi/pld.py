@@ -69,8 +69,9 @@ from renyi._validation import (
     check_range,
     fail,
 )
+from renyi.errors import PrivacyParameterError
 
-__all__ = ["Direction", "PldBounds", "PrivacyLossDistribution"]
+__all__ = ["Direction", "PldBounds", "PldGridError", "PrivacyLossDistribution"]
 
 Direction = Literal["remove", "add"]
 FloatArray = NDArray[np.float64]
@@ -89,6 +90,7 @@ _KAPPA = 1e-10  # relative safety margin applied to every reported delta
 _MAX_BINS = 1 << 22  # largest grid a composition may produce before coarsening
 DEFAULT_MAX_BINS = 1 << 17  # default cap on a self-composition's FFT window (see _plan)
 _SMALL_POWER = 16  # powers up to this use repeated complex multiplication
+_MAX_COUNT = 10**15  # larger self-compositions are refused (PldGridError: use RDP)
 _COARSEN_GUARD = 8  # a level may coarsen G-fold only if its inputs hold >= 8 k G^2 steps
 _DELTA_REFS = (1e-12,)  # tilts make the round-off relative around these deltas
 _ALIAS_TARGET = 1e-11  # tilted-space mass allowed to wrap around the FFT window
@@ -97,6 +99,42 @@ _ALT_TILTS = np.concatenate(([0.0], np.geomspace(0.03, 30.0, 13)))  # for propag
 _S_GRID = np.geomspace(1e-3, 3e3, 23)  # orders for Chernoff bounds and the tilt
 _S_ALL = np.concatenate((-_S_GRID[::-1], [0.0], _S_GRID))  # exact MGFs at these orders
 _LOG_HALF = math.log(0.5)
+
+
+class PldGridError(PrivacyParameterError):
+    """The privacy loss does not fit a grid of at most 2**22 points at the requested
+    ``value_discretization_interval`` (or not in floating point at all).
+
+    ``needed`` is the smallest interval that fits (``inf`` if none does): callers that may
+    choose the grid (e.g. :class:`renyi.accountants.PldAccountant`) retry with it.
+    """
+
+    def __init__(self, message: str, needed: float) -> None:
+        super().__init__(message)
+        self.needed = needed
+
+
+def _grid_error(name: str, value: Any, needed: float, what: str) -> PldGridError:
+    if math.isfinite(needed):
+        expected = f"a value >= {needed:.3g} for {what}"
+    else:
+        expected = f"{what} whose privacy loss fits in floating point (use the RDP accountant)"
+    return PldGridError(f"{name}={value!r} is invalid: expected {expected}", needed)
+
+
+class _NumericGuard:
+    """Turns an arithmetic failure (overflow, division by zero) at an extreme parameter
+    into our error naming that parameter, instead of a raw traceback."""
+
+    def __init__(self, name: str, value: Any) -> None:
+        self.name, self.value = name, value
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if kind is not None and issubclass(kind, OverflowError | ZeroDivisionError | MemoryError):
+            raise _grid_error(self.name, self.value, math.inf, "a value") from exc
 
 
 class PldBounds(NamedTuple):
@@ -372,7 +410,8 @@ def _composed_inf(factors: Sequence[tuple[float, float, int]], pessimistic: bool
         log_tot += c * math.log(tot)
         log_keep += c * math.log1p(-min(inf / tot, 1.0)) if inf < tot else -math.inf
         n += c
-    val = math.exp(log_tot) * -math.expm1(log_keep)
+    lost = -math.expm1(log_keep)
+    val = math.exp(min(log_tot + math.log(lost), 1.0)) if lost > 0 else 0.0
     if pessimistic:
         return min(val * (1 + 16 * _U * (n + 2)), 1.0)
     return min(val * (1 - 16 * _U * (n + 2)), 1.0)
@@ -464,6 +503,15 @@ def _plan(step: _Side, count: int, tail_mass: float, max_bins: int) -> _Plan:
     m = max(2, math.ceil(ratio ** (1.0 / k) - 1e-12))
     while m**k * t0_max < count:  # guard against rounding
         m += 1
+    # count = t0 m^k + (base-m digits) needs t0 >= 1, i.e. m^k <= count: with a tiny t0_max
+    # (wide steps) the m above may overshoot (t0 = 0 would compose m^k + rest > count steps)
+    while count // m**k == 0:
+        if m > 2:
+            m -= 1
+        else:
+            k -= 1
+    if k == 0:
+        return _Plan(count, count, 1, (), (tail_mass,), tail_mass)
     unit = tail_mass / (2 * (k + 1))
     taus = tuple(unit / m ** (k - j) for j in range(k + 1))
     extra_tau = unit / (2 * m**k)
@@ -1012,8 +1060,11 @@ class _Side:
             scale = 4.0 * _U * (1.0 + T * abs(ls) + abs(le) + lam * float(np.max(np.abs(out_l))))
             e_tilted = e_fft + scale * float(np.sum(np.abs(r[a - out_lo : b - out_lo + 1]))) + alias
             runs.append((lam, log_z, e_tilted, r))
-        fin = self.finite_mass**T * (extra.finite_mass if extra is not None else 1.0)
-        log_cap = math.log(max(fin, 1e-300)) + 1e-9
+        with np.errstate(over="ignore", divide="ignore"):  # huge counts: stay finite
+            log_fin = T * math.log(max(self.finite_mass, 1e-300))
+            log_fin += math.log(max(extra.finite_mass, 1e-300)) if extra is not None else 0.0
+            fin = math.exp(min(log_fin, 700.0))
+        log_cap = min(log_fin, 700.0) + 1e-9
         probs, errs = _stitch(runs, np.asarray(out_l, dtype=np.float64), log_cap)
         # the inputs' own errors, propagated: for computed C = X + E (norms M, W at a tilt),
         # |C^T Ce - X^T Xe| <= T W (M + W)^(T-1) Me + (M + W)^T We, in each tilted norm
@@ -1308,14 +1359,16 @@ def _discretise(
       the two ends at random with the mean preserved (the Hoeffding coupling of
       :meth:`_Side.delta_bound` turns this into a rigorous lower bound); the tails are deleted.
     """
+    if not (math.isfinite(l_lo) and math.isfinite(l_hi)) or l_hi - l_lo > 1e300:
+        raise _grid_error("value_discretization_interval", h, math.inf, "a mechanism")
     k_lo, k_hi = math.floor(l_lo / h), math.ceil(l_hi / h)
     n = k_hi - k_lo + 1
     if n > _MAX_BINS:
-        raise fail(
+        raise _grid_error(
             "value_discretization_interval",
             h,
-            f"a value >= {(l_hi - l_lo) / _MAX_BINS:.3g} for this mechanism "
-            f"(the grid would need {n} points)",
+            (l_hi - l_lo) / (_MAX_BINS - 4),
+            f"this mechanism (the grid would need {n} points)",
         )
     n = max(n, 2)
     edges = np.asarray((k_lo + np.arange(n)) * h, dtype=np.float64)
@@ -1392,10 +1445,11 @@ def _from_atoms(
     k_dn = np.where(k_dn * h > ll, k_dn - 1, k_dn)
     span = float(max(k_up.max(), k_dn.max() + 1) - min(k_up.min() - 1, k_dn.min())) + 1
     if span > _MAX_BINS:
-        raise fail(
+        raise _grid_error(
             "value_discretization_interval",
             h,
-            f"a value >= {float(lu.max() - ll.min()) / _MAX_BINS:.3g} for these losses",
+            float(lu.max() - ll.min()) / (_MAX_BINS - 4),
+            "these losses",
         )
     off = int(min(k_up.min() - 1, k_dn.min()))
     size = int(span)
@@ -1672,8 +1726,12 @@ class PrivacyLossDistribution:
         mean, sd = 0.5 * mu * mu, mu
         tails = _gaussian_cdf(mu)
         lo, hi = mean - z * sd, mean + z * sd
+        if not math.isfinite(hi - lo):
+            raise _grid_error("noise_multiplier", sigma, math.inf, "a value")
+        with _NumericGuard("noise_multiplier", sigma):
+            sides = _discretise(tails, lo, hi, h, 0.0)
         return cls._build(
-            _discretise(tails, lo, hi, h, 0.0),
+            sides,
             tail_mass,
             f"gaussian(noise_multiplier={sigma:g})",
         )
@@ -1721,15 +1779,20 @@ class PrivacyLossDistribution:
         tails = _sub_gaussian_cdf(q, sigma, direction)
 
         def loss_remove(x: float) -> float:  # increasing in x
-            return float(np.logaddexp(math.log1p(-q), math.log(q) + (2 * x - 1) / (2 * sigma**2)))
+            with np.errstate(over="ignore"):
+                return float(
+                    np.logaddexp(math.log1p(-q), math.log(q) + (2 * x - 1) / (2 * sigma**2))
+                )
 
-        # P-quantiles of x in both directions
-        if direction == "remove":
-            lo, hi = loss_remove(-sigma * z), loss_remove(1.0 + sigma * z)
-        else:
-            lo, hi = -loss_remove(sigma * z), -loss_remove(-sigma * z)
+        with _NumericGuard("noise_multiplier", sigma):
+            # P-quantiles of x in both directions
+            if direction == "remove":
+                lo, hi = loss_remove(-sigma * z), loss_remove(1.0 + sigma * z)
+            else:
+                lo, hi = -loss_remove(sigma * z), -loss_remove(-sigma * z)
+            sides = _discretise(tails, lo, hi, h, 0.0)
         return cls._build(
-            _discretise(tails, lo, hi, h, 0.0),
+            sides,
             tail_mass,
             f"subsampled_gaussian(q={q:g}, noise_multiplier={sigma:g}, {direction})",
         )
@@ -1955,8 +2018,9 @@ class PrivacyLossDistribution:
             raise fail("other", other, "a PrivacyLossDistribution")
         tl = _check_tilt(tilt)
         tm = min(self.tail_mass, other.tail_mass)
-        up = self.upper_side.compose(other.upper_side, tm, tl)
-        lo = self.lower_side.compose(other.lower_side, tm, tl)
+        with _NumericGuard("other", other):
+            up = self.upper_side.compose(other.upper_side, tm, tl)
+            lo = self.lower_side.compose(other.lower_side, tm, tl)
 
         def refine() -> tuple[_Side, _Side]:
             (au, al), (bu, bl) = self._precise_sides(), other._precise_sides()
@@ -2005,6 +2069,12 @@ class PrivacyLossDistribution:
         mb = check_int("max_bins", max_bins, 1024)
         if mb > 1 << 22:
             raise fail("max_bins", max_bins, f"an integer in [1024, {1 << 22}]")
+        if n > _MAX_COUNT:
+            raise _grid_error("count", count, math.inf, f"a count <= {_MAX_COUNT:.0e}")
+        with _NumericGuard("count", count):
+            return self._self_compose(n, tl, mb)
+
+    def _self_compose(self, n: int, tl: float | None, mb: int) -> PrivacyLossDistribution:
         plan = _plan(self.upper_side, n, self.tail_mass, mb)
         tm = self.tail_mass
 

@@ -9,17 +9,34 @@ verified upper bound, ``epsilon_lower`` a verified lower bound of the discretise
 Composition is lazy: ``compose`` validates the event and records it (identical events are
 merged, since composition is commutative); the FFT work happens at the first query after a
 change and is cached. So T calls of ``compose(step)`` cost what one ``compose(step, T)`` does.
+
+The reported ``epsilon`` (``delta``) is the smallest of every sound upper bound the
+accountant can compute: the PLD's and, for events the RDP accountant analyses, the RDP
+bound of the same composition (``details["bound"]`` says which won). So it is never above
+the RDP value and never ``inf`` where RDP is finite. A step whose privacy loss does not fit
+the requested grid is discretised on the finest power-of-two multiple of it that does; one
+that fits no grid (e.g. ``noise_multiplier = 1e-200``) is left to RDP. Queries at a delta
+within 1000x of ``tail_mass`` are answered with a proportionally smaller tail mass.
 """
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections import Counter
 from functools import reduce
 from typing import Any
 
 from renyi.accountants.base import Accountant, DeltaResult, EpsilonResult
+from renyi.accountants.rdp import RdpAccountant
+from renyi.errors import (
+    OrderAtGridEdgeWarning,
+    PrivacyParameterError,
+    RenyiWarning,
+    UnsupportedEventError,
+)
 from renyi.events import DIRECTIONS, Event
-from renyi.pld import DEFAULT_MAX_BINS, PldBounds, PrivacyLossDistribution
+from renyi.pld import DEFAULT_MAX_BINS, PldBounds, PldGridError, PrivacyLossDistribution
 
 __all__ = ["PldAccountant", "event_pld"]
 
@@ -87,8 +104,9 @@ class PldAccountant(Accountant):
         self._tail = float(tail_mass)
         self._max_bins = int(max_bins)
         self._counts: Counter[Event] = Counter()
-        self._base: dict[Event, Pair] = {}
-        self._cache: Pair | None = None
+        self._base: dict[tuple[Event, float], Pair | None] = {}
+        self._cache: dict[float, Pair | None] = {}
+        self._rdp: RdpAccountant | None = RdpAccountant()
 
     def _config(self) -> dict[str, Any]:
         return {
@@ -97,65 +115,141 @@ class PldAccountant(Accountant):
             "max_bins": self._max_bins,
         }
 
+    def _pair(self, event: Event, tail: float) -> Pair | None:
+        """The event's PLD pair on the finest power-of-two multiple of ``h`` that holds its
+        loss (``None`` if no grid does), cached per tail mass."""
+        key = (event, tail)
+        if key not in self._base:
+            h, pair = self._h, None
+            for _ in range(1100):  # 2**1100 h exceeds any float range
+                try:
+                    pair = event_pld(
+                        event,
+                        value_discretization_interval=h,
+                        tail_mass=tail,
+                        max_bins=self._max_bins,
+                    )
+                    break
+                except PldGridError as err:
+                    if not math.isfinite(err.needed) or err.needed <= h:
+                        break
+                    # a grid of ~2**17 points (the default window), not the 2**22 limit:
+                    # such steps have huge losses, where 1e-5 of their range is ample
+                    h *= 2.0 ** max(1, math.ceil(math.log2(32.0 * err.needed / h)))
+            self._base[key] = pair
+        return self._base[key]
+
     def _analyse(self, event: Event) -> Event:
-        if event not in self._base:
-            self._base[event] = event_pld(
-                event,
-                value_discretization_interval=self._h,
-                tail_mass=self._tail,
-                max_bins=self._max_bins,
-            )
+        self._pair(event, self._tail)  # raises UnsupportedEventError for foreign events
         return event
 
     def _add(self, cost: Event, count: int) -> None:
         if count:
             self._counts[cost] += count
-            self._cache = None
+            self._cache = {}
+            if self._rdp is not None:
+                try:
+                    self._rdp.compose(cost, count)
+                except (UnsupportedEventError, PrivacyParameterError, ArithmeticError):
+                    self._rdp = None  # no RDP bound for this composition: PLD only
+
+    def _tail_for(self, delta: float) -> float:
+        """``tail_mass`` unless ``delta`` is within 1000x of it (then ``delta / 1000``)."""
+        return self._tail if delta >= 1e3 * self._tail else max(delta * 1e-3, 1e-300)
+
+    def _plds_at(self, tail: float) -> Pair | None:
+        if tail not in self._cache:
+            try:
+                self._compose_all(tail)
+            except PldGridError:  # e.g. counts beyond 1e15: the RDP bound carries it
+                self._cache[tail] = None
+        return self._cache[tail]
+
+    def _compose_all(self, tail: float) -> None:
+        pairs = []
+        for event, count in self._counts.items():
+            pair = self._pair(event, tail)
+            if pair is None:
+                self._cache[tail] = None
+                return
+            r, a = pair
+            rc = r.self_compose(count, max_bins=self._max_bins)
+            pairs.append((rc, rc if a is r else a.self_compose(count, max_bins=self._max_bins)))
+        rem = reduce(lambda x, y: x.compose(y), [p[0] for p in pairs])
+        if all(r is a for r, a in pairs):  # symmetric mechanisms: one composition
+            self._cache[tail] = (rem, rem)
+        else:
+            self._cache[tail] = (rem, reduce(lambda x, y: x.compose(y), [p[1] for p in pairs]))
 
     def plds(self) -> Pair:
         """The composed (remove, add) PLDs of everything so far (computed lazily, cached)."""
-        if self._cache is None:
-            pairs = []
-            for event, count in self._counts.items():
-                r, a = self._base[event]
-                rc = r.self_compose(count, max_bins=self._max_bins)
-                pairs.append((rc, rc if a is r else a.self_compose(count, max_bins=self._max_bins)))
-            rem = reduce(lambda x, y: x.compose(y), [p[0] for p in pairs])
-            if all(r is a for r, a in pairs):  # symmetric mechanisms: one composition
-                self._cache = (rem, rem)
-            else:
-                self._cache = (rem, reduce(lambda x, y: x.compose(y), [p[1] for p in pairs]))
-        return self._cache
+        pair = self._plds_at(self._tail)
+        if pair is None:
+            raise UnsupportedEventError(
+                "a composed event's privacy loss fits no PLD grid (its bound comes from RDP)"
+            )
+        return pair
+
+    def _rdp_query(self, which: str, value: float) -> float:
+        """The RDP bound of the same composition (``inf`` if RDP cannot analyse it)."""
+        if self._rdp is None:
+            return math.inf
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OrderAtGridEdgeWarning)
+            warnings.simplefilter("ignore", RenyiWarning)
+            try:
+                if which == "epsilon":
+                    return float(self._rdp.epsilon(value).epsilon)
+                return float(self._rdp.delta(value).delta)
+            except (ArithmeticError, PrivacyParameterError):  # pragma: no cover - defensive
+                return math.inf
 
     def _epsilon(self, delta: float) -> EpsilonResult:
-        bounds = [p.epsilon_for_delta(delta) for p in self.plds()]
-        worst = _max_bounds(bounds)
+        plds = self._plds_at(self._tail_for(delta))
+        rdp = self._rdp_query("epsilon", delta)
+        details: dict[str, Any] = {"value_discretization_interval": self._h}
+        if plds is None:
+            worst = PldBounds(0.0, rdp, math.inf)
+        else:
+            bounds = [p.epsilon_for_delta(delta) for p in plds]
+            worst = _max_bounds(bounds)
+            details["direction"] = DIRECTIONS[int(bounds[1].upper > bounds[0].upper)]
+            details["composed_interval"] = max(p.value_discretization_interval for p in plds)
+        upper = min(float(worst.upper), rdp)
+        details.update(
+            bound="pld" if upper == worst.upper else "rdp",
+            pld_epsilon=float(worst.upper),
+            rdp_epsilon=rdp,
+        )
+        lower = min(float(worst.lower), upper)
         return EpsilonResult(
-            float(worst.upper),
+            upper,
             delta,
             self.name,
-            epsilon_lower=float(worst.lower),
-            epsilon_estimate=float(worst.estimate),
-            details={
-                "direction": DIRECTIONS[int(bounds[1].upper > bounds[0].upper)],
-                "value_discretization_interval": self._h,
-                "composed_interval": max(p.value_discretization_interval for p in self.plds()),
-            },
+            epsilon_lower=lower,
+            epsilon_estimate=min(max(float(worst.estimate), lower), upper),
+            details=details,
         )
 
     def _delta(self, epsilon: float) -> DeltaResult:
-        bounds = [p.delta_for_epsilon(epsilon) for p in self.plds()]
-        worst = _max_bounds(bounds)
-        return DeltaResult(
-            float(worst.upper),
-            epsilon,
-            self.name,
-            delta_lower=float(worst.lower),
-            details={
-                "delta_estimate": float(worst.estimate),
-                "composed_interval": max(p.value_discretization_interval for p in self.plds()),
-            },
+        plds = self._plds_at(self._tail)
+        rdp = self._rdp_query("delta", epsilon)
+        details: dict[str, Any] = {}
+        if plds is None:
+            worst = PldBounds(0.0, rdp, 1.0)
+        else:
+            bounds = [p.delta_for_epsilon(epsilon) for p in plds]
+            worst = _max_bounds(bounds)
+            details["composed_interval"] = max(p.value_discretization_interval for p in plds)
+        upper = min(float(worst.upper), rdp)
+        lower = min(float(worst.lower), upper)
+        details.update(
+            delta_estimate=min(max(float(worst.estimate), lower), upper),
+            bound="pld" if upper == worst.upper else "rdp",
+            pld_delta=float(worst.upper),
+            rdp_delta=rdp,
         )
+        return DeltaResult(upper, epsilon, self.name, delta_lower=lower, details=details)
 
 
 def _max_bounds(bounds: list[PldBounds]) -> PldBounds:
