@@ -95,4 +95,4 @@ def test_gopa_run_bad_arguments_are_clean_errors(capsys):
     assert main(["federated", "gopa-run", "--parties", "1"]) == 2
     assert "parties=1" in capsys.readouterr().err
     assert main(["federated", "gopa-run", "--parties", "5", "--honest", "2"]) == 2
-    assert "honest_fraction" in capsys.readouterr().err
+    assert "honest" in capsys.readouterr().err
