@@ -83,7 +83,63 @@ def build(name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
             nn.Linear(100, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 2)
         )
         return model, torch.randn(512, 100), torch.randint(0, 2, (512,))
-    raise SystemExit(f"unknown model {name!r}: expected cnn or mlp")
+    if name == "transformer":
+        return text_transformer(), torch.randint(0, VOCAB, (64, 32)), torch.randint(0, 2, (64,))
+    if name == "lstm":
+        return lstm_classifier(), torch.randint(0, VOCAB, (64, 32)), torch.randint(0, 2, (64,))
+    raise SystemExit(f"unknown model {name!r}: expected cnn, mlp, transformer or lstm")
+
+
+VOCAB = 1000
+
+
+def text_transformer() -> nn.Module:
+    """Text classifier: embedding + 2 post-norm encoder layers (d_model 64, 4 heads,
+    feed-forward 128, dropout 0.1) + mean pooling + linear; sequences of 32 tokens."""
+    import torch
+    from torch import nn
+
+    class TextTransformer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(VOCAB, 64)
+            self.pos = nn.Embedding(32, 64)
+            layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.1, batch_first=True)
+            self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+            self.fc = nn.Linear(64, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            pos = torch.arange(x.shape[1], device=x.device).repeat(x.shape[0], 1)
+            return self.fc(self.enc(self.emb(x) + self.pos(pos)).mean(dim=1))
+
+    return _global(TextTransformer)()
+
+
+def lstm_classifier() -> nn.Module:
+    """Text classifier: embedding 64 + one-layer LSTM (hidden 64) + linear on the last state."""
+    import torch
+    from torch import nn
+
+    class LSTMClassifier(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(VOCAB, 64)
+            self.rnn = nn.LSTM(64, 64, batch_first=True)
+            self.fc = nn.Linear(64, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            _, (h, _) = self.rnn(self.emb(x))
+            return self.fc(h[-1])
+
+    return _global(LSTMClassifier)()
+
+
+def _global(cls: type) -> Any:
+    """Make a class defined after the lazy torch import picklable (Opacus's
+    ``ModuleValidator.fix`` deep-copies the model with ``torch.save``)."""
+    cls.__qualname__ = cls.__name__
+    globals()[cls.__name__] = cls
+    return cls
 
 
 def make_step(config: str, model_name: str) -> Callable[[], None]:
@@ -128,6 +184,11 @@ def make_step(config: str, model_name: str) -> Callable[[], None]:
         from opacus import PrivacyEngine
 
         warnings.filterwarnings("ignore")
+        if model_name in ("transformer", "lstm"):  # Opacus's own DPMultiheadAttention/DPLSTM
+            from opacus.validators import ModuleValidator
+
+            model = ModuleValidator.fix(model)
+            opt = torch.optim.SGD(model.parameters(), lr=LR)
         loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch)
         engine = PrivacyEngine(accountant="rdp")
         mode = "ghost" if config == "opacus_ghost" else "hooks"

@@ -74,6 +74,7 @@ class Recorder:
     def __init__(self, register: Callable[[Tensor], int | None]) -> None:
         self.register = register
         self.calls: dict[LinearKey, list[tuple[Tensor, int | None]]] = {}
+        self.last_slot: int | None = None
 
     def linear(
         self,
@@ -85,7 +86,14 @@ class Recorder:
         y = F.linear(x, weight, bias)
         slot = self.register(y) if y.requires_grad else None
         self.calls.setdefault(key, []).append((x.detach(), slot))
+        self.last_slot = slot
         return y
+
+    def record(self, key: LinearKey, x: Tensor, slot: int | None) -> None:
+        """Record a call of the map ``key`` on ``x`` whose output gradient is that of an
+        already registered ``slot`` (a map computed inside a fused kernel, see
+        :func:`_fused_layer`)."""
+        self.calls.setdefault(key, []).append((x.detach(), slot))
 
 
 def _rows(t: Tensor | None, rows: tuple[int, int]) -> Tensor | None:
@@ -153,6 +161,24 @@ def rnn_forward(module: nn.RNNBase, rec: Recorder, input: Any, hx: Any = None) -
             gi = rec.linear(layer_in, w_ih, b_ih, ("weight_ih" + sfx, None, bias_ih, None))
             h = h0[layer * dirs + d]
             c = c0[layer * dirs + d] if c0 is not None else None
+            if mode != "GRU" and proj == 0:
+                seq_out, h, c = _fused_layer(
+                    module,
+                    rec,
+                    gi,
+                    rec.last_slot,
+                    h,
+                    c,
+                    w_hh,
+                    b_hh,
+                    d == 1,
+                    ("weight_hh" + sfx, None, bias_hh, None),
+                )
+                outs.append(seq_out)
+                h_last.append(h)
+                if c is not None:
+                    c_last.append(c)
+                continue
             seq: list[Tensor | None] = [None] * steps
             order = range(steps) if d == 0 else range(steps - 1, -1, -1)
             for t in order:
@@ -190,6 +216,125 @@ def rnn_forward(module: nn.RNNBase, rec: Recorder, input: Any, hx: Any = None) -
     if mode == "LSTM":
         return output, (h_n, torch.stack(c_last, dim=0))
     return output, h_n
+
+
+def _fused_layer(
+    module: nn.RNNBase,
+    rec: Recorder,
+    gi: Tensor,
+    gi_slot: int | None,
+    h0: Tensor,
+    c0: Tensor | None,
+    w_hh: Tensor,
+    b_hh: Tensor | None,
+    reverse: bool,
+    hh_key: LinearKey,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """One layer and direction of an LSTM or Elman RNN from the recorded input projection
+    ``gi = x W_ih^T + b_ih``.
+
+    The recurrence gets ``gi`` as its input (LSTM: :class:`_LSTMScan`; Elman: torch's fused
+    kernel with an identity input weight), so its gates are ``gi_t + W_hh h_{t-1} + b_hh``,
+    exactly the cell's, and the gradient arriving at ``gi`` is the gate gradient ``delta_t``,
+    which is also the output gradient of the map ``W_hh h_{t-1} + b_hh`` (the gates add
+    both). That map is recorded with the previous hidden states (``h_0`` and the outputs) and
+    ``gi``'s gradient slot: per-example gradients ``sum_t delta_t h_{t-1}^T`` with no
+    autograd graph over the time steps.
+    """
+    seq = gi.flip(1) if reverse else gi
+    if module.mode == "LSTM":
+        assert c0 is not None
+        out, h_n, c_n = _LSTMScan.apply(seq, h0, c0, w_hh, b_hh)
+        c_last: Tensor | None = c_n
+    else:
+        g = int(gi.shape[-1])
+        params: list[Tensor] = [torch.eye(g, dtype=gi.dtype, device=gi.device), w_hh.to(gi.dtype)]
+        if b_hh is not None:
+            params += [torch.zeros(g, dtype=gi.dtype, device=gi.device), b_hh.to(gi.dtype)]
+        fn = torch._VF.rnn_tanh if module.mode == "RNN_TANH" else torch._VF.rnn_relu  # type: ignore[attr-defined]
+        # dropout is applied between layers by the caller: train=False here
+        out, h_all = fn(
+            seq, h0.unsqueeze(0).to(gi.dtype), params, b_hh is not None, 1, 0.0, False, False, True
+        )
+        h_n, c_last = h_all[0], None
+    prev = torch.cat([h0.unsqueeze(1).to(out.dtype), out[:, :-1]], dim=1)  # [B, T, H]
+    if reverse:
+        prev, out = prev.flip(1), out.flip(1)
+    rec.record(hh_key, prev, gi_slot)
+    return out, h_n, c_last
+
+
+class _LSTMScan(torch.autograd.Function):
+    """The LSTM recurrence from precomputed input projections ``gi`` ``[B, T, 4H]``.
+
+    Forward: ``z_t = gi_t + W_hh h_{t-1} + b_hh``, gates ``i, f, g, o``, ``c_t = f c_{t-1} +
+    i g``, ``h_t = o tanh(c_t)`` (torch's equations), in a loop of batched operations without
+    autograd. Backward: back-propagation through time by hand, returning ``dL/dgi = dL/dz``
+    (the gate gradients, which the engine reads at ``gi``'s gradient slot) and the gradients
+    of the initial states. The weights' own gradients are not formed (the engine computes
+    the per-example ones from the gate gradients): ``W_hh.grad``/``b_hh.grad`` stay unset.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, gi: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, b_hh: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        dt = gi.dtype
+        with torch.autocast(gi.device.type, enabled=False), torch.no_grad():
+            w = w_hh.detach().to(dt)
+            wt = w.t()
+            z_in = gi.detach().transpose(0, 1)  # time-major [T, B, 4H], contiguous per step
+            z_in = z_in + b_hh.detach().to(dt) if b_hh is not None else z_in.contiguous()
+            steps, batch, g4 = z_in.shape
+            hid = g4 // 4
+            acts = torch.empty(steps, batch, g4, dtype=dt, device=gi.device)
+            cs = torch.empty(steps + 1, batch, hid, dtype=dt, device=gi.device)
+            tcs = torch.empty(steps, batch, hid, dtype=dt, device=gi.device)
+            hs = torch.empty(steps, batch, hid, dtype=dt, device=gi.device)
+            h = h0.detach().to(dt)
+            cs[0] = c0.detach().to(dt)
+            for t in range(steps):
+                a = acts[t]
+                z = torch.addmm(z_in[t], h, wt)
+                torch.sigmoid(z, out=a)
+                g = a[:, 2 * hid : 3 * hid]
+                torch.tanh(z[:, 2 * hid : 3 * hid], out=g)
+                torch.addcmul(a[:, hid : 2 * hid] * cs[t], a[:, :hid], g, out=cs[t + 1])
+                torch.tanh(cs[t + 1], out=tcs[t])
+                h = torch.mul(a[:, 3 * hid :], tcs[t], out=hs[t])
+        ctx.save_for_backward(acts, cs, tcs, w)
+        ctx.dtypes = (h0.dtype, c0.dtype)
+        return hs.transpose(0, 1), hs[-1].clone(), cs[steps].clone()
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, g_out: Tensor | None, g_h: Tensor | None, g_c: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        acts, cs, tcs, w = ctx.saved_tensors
+        steps, batch, g4 = acts.shape
+        hid = g4 // 4
+        dt = acts.dtype
+        # gate-major contiguous copy: the vectorised products below then run on dense memory
+        i, f, g, o = acts.view(steps, batch, 4, hid).permute(2, 0, 1, 3).contiguous()
+        # local derivatives, vectorised over all steps: dz_{i,f,g} = dc * m3, dz_o = dh * m_o
+        m3 = torch.cat([g * i * (1 - i), cs[:-1] * f * (1 - f), i * (1 - g * g)], dim=2)
+        m3 = m3.view(steps, batch, 3, hid)
+        m_o = tcs * o * (1 - o)
+        k = o * (1 - tcs * tcs)  # dh -> dc
+        dh = torch.zeros(batch, hid, dtype=dt, device=acts.device) if g_h is None else g_h.to(dt)
+        dc = torch.zeros(batch, hid, dtype=dt, device=acts.device) if g_c is None else g_c.to(dt)
+        go = None if g_out is None else g_out.to(dt).transpose(0, 1).contiguous()
+        dz = torch.empty_like(acts)
+        for t in range(steps - 1, -1, -1):
+            if go is not None:
+                dh = dh + go[t]
+            dc = torch.addcmul(dc, dh, k[t])
+            d = dz[t]
+            torch.mul(m3[t], dc.unsqueeze(1), out=d[:, : 3 * hid].view(batch, 3, hid))
+            torch.mul(dh, m_o[t], out=d[:, 3 * hid :])
+            dc = dc * f[t]
+            dh = torch.mm(d, w)
+        return dz.transpose(0, 1), dh.to(ctx.dtypes[0]), dc.to(ctx.dtypes[1]), None, None
 
 
 # ---------------------------------------------------------------- attention
