@@ -362,3 +362,14 @@ def test_allocation_extremes_never_crash_or_nan() -> None:
         with np.errstate(divide="ignore", over="ignore"):
             cap = DEFAULT_ORDERS / (2 * sigma * sigma)
         assert np.all(r <= cap * (1 + 1e-9) + 1e-12)
+
+
+def test_renyi_epsilon_takes_the_sampler() -> None:
+    import renyi
+
+    kw = {"noise_multiplier": 1.1, "steps": 400, "dataset_size": 10_000, "batch_size": 100}
+    rep = renyi.epsilon(delta=1e-5, sampling="random-allocation", accountants=["rdp"], **kw)
+    ev = training_event("random-allocation", 1.1, dataset_size=10_000, batch_size=100, steps=400)
+    assert rep.best().epsilon == RdpAccountant().compose(ev).epsilon(1e-5).epsilon
+    with pytest.raises(PrivacyParameterError, match="sampling"):
+        renyi.epsilon(delta=1e-5, sampling="shuffle", noise_multiplier=1.0, steps=3)

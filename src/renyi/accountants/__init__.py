@@ -21,7 +21,15 @@ from renyi.accountants.pld import PldAccountant, event_pld
 from renyi.accountants.rdp import RdpAccountant, event_rdp
 from renyi.accountants.zcdp import ZcdpAccountant, event_rho
 from renyi.errors import RenyiError, UnsupportedEventError
-from renyi.events import Event, PoissonSampledEvent, SampledWithoutReplacementEvent, dpsgd_event
+from renyi.events import (
+    Event,
+    PoissonSampledEvent,
+    RandomAllocationEvent,
+    SampledWithoutReplacementEvent,
+    TruncatedPoissonSampledEvent,
+    dpsgd_event,
+    training_event,
+)
 
 __all__ = [
     "ACCOUNTANTS",
@@ -140,12 +148,18 @@ def epsilon_report(
     sample_rate: float = 1.0,
     steps: int = 1,
     accountants: Sequence[str] | None = None,
+    sampling: str | None = None,
+    dataset_size: int | None = None,
+    batch_size: int | None = None,
 ) -> EpsilonReport:
     """ε at ``delta`` from every applicable accountant (``renyi.epsilon``).
 
     Pass an ``event`` (composed once), or the DP-SGD shorthand ``noise_multiplier``,
-    ``sample_rate`` and ``steps`` (Poisson-subsampled Gaussian). Accountants that cannot
-    analyse the event are listed with the reason instead of failing the whole report.
+    ``sample_rate`` and ``steps`` (Poisson-subsampled Gaussian), or ``noise_multiplier``,
+    ``steps``, ``sampling`` (one of :data:`renyi.events.SAMPLINGS`), ``dataset_size`` and
+    ``batch_size`` for the batch sampler that actually ran
+    (:func:`renyi.events.training_event`). Accountants that cannot analyse the event are
+    listed with the reason instead of failing the whole report.
 
     Example::
 
@@ -154,7 +168,21 @@ def epsilon_report(
         ...                     delta=1e-5))  # doctest: +SKIP
     """
     count = 1
-    if event is None:
+    if event is None and sampling is not None:
+        if noise_multiplier is None or dataset_size is None or batch_size is None:
+            raise fail(
+                "sampling",
+                sampling,
+                "given with noise_multiplier, dataset_size, batch_size and steps",
+            )
+        event = training_event(
+            sampling,
+            noise_multiplier,
+            dataset_size=dataset_size,
+            batch_size=batch_size,
+            steps=steps,
+        )
+    elif event is None:
         if noise_multiplier is None:
             raise fail("event", None, "an Event, or noise_multiplier (with sample_rate, steps)")
         event = dpsgd_event(noise_multiplier, sample_rate)
@@ -171,6 +199,13 @@ def epsilon_report(
             continue
         results.append(acc.epsilon(delta))
     subsampled = any(
-        isinstance(e, PoissonSampledEvent | SampledWithoutReplacementEvent) for e in event.walk()
+        isinstance(
+            e,
+            PoissonSampledEvent
+            | SampledWithoutReplacementEvent
+            | TruncatedPoissonSampledEvent
+            | RandomAllocationEvent,
+        )
+        for e in event.walk()
     )
     return EpsilonReport(delta, tuple(results), tuple(unsupported), subsampled)
