@@ -117,7 +117,6 @@ def text_transformer() -> nn.Module:
 
 def lstm_classifier() -> nn.Module:
     """Text classifier: embedding 64 + one-layer LSTM (hidden 64) + linear on the last state."""
-    import torch
     from torch import nn
 
     class LSTMClassifier(nn.Module):
