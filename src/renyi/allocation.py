@@ -33,6 +33,7 @@ Orders are rounded up to integers (RDP is non-decreasing in α) and orders above
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -251,11 +252,22 @@ def allocation_rdp_add(
 def allocation_gaussian_rdp(
     num_steps: int, noise_multiplier: float, orders: ArrayLike, num_selected: int = 1
 ) -> FloatArray:
-    """RDP of one epoch of random allocation under add/remove: the larger direction."""
-    return np.maximum(
-        allocation_rdp_remove(num_steps, noise_multiplier, orders, num_selected),
-        allocation_rdp_add(num_steps, noise_multiplier, orders, num_selected),
-    )
+    """RDP of one epoch of random allocation under add/remove: the larger direction.
+
+    Cached per (t, σ, k, orders): an accountant fed one epoch at a time pays once."""
+    a = check_orders(orders)
+    t = check_int("num_steps", num_steps, 1)
+    k = check_int("num_selected", num_selected, 1)
+    sigma = check_positive("noise_multiplier", noise_multiplier)
+    return _cached_curve(t, sigma, k, a.tobytes()).copy()
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_curve(t: int, sigma: float, k: int, key: bytes) -> FloatArray:
+    a = np.frombuffer(key, dtype=np.float64)
+    out = np.maximum(allocation_rdp_remove(t, sigma, a, k), allocation_rdp_add(t, sigma, a, k))
+    out.setflags(write=False)
+    return out
 
 
 def allocation_delta_monte_carlo(
