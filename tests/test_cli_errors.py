@@ -164,3 +164,27 @@ def test_missing_extras_name_the_pip_install(tmp_path):
         assert message.startswith("renyi: error: ") and f"pip install '{extra}'" in message
         assert code == "2", (argv, message)
     assert not (tmp_path / "f.png").exists()
+
+
+def test_chance_accuracy_is_the_majority_class_rate():
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import TensorDataset
+
+    from renyi.cli.train import _chance_accuracy
+
+    data = TensorDataset(torch.zeros(5, 2), torch.tensor([3, 3, 1, 3, 0]))
+    assert _chance_accuracy(data) == 0.6
+    assert _chance_accuracy(TensorDataset(torch.zeros(0, 2), torch.zeros(0))) is None
+
+
+@pytest.mark.slow
+def test_train_warns_when_the_private_model_is_no_better_than_chance(capsys):
+    pytest.importorskip("torch")
+    argv = ["train", "--epsilon", "0.001", "--epochs", "0.2", "--no-baseline", "--json"]
+    assert main([*argv, "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    d = json.loads(out)
+    chance, n = d["chance_accuracy"], d["n_test"]
+    no_better = d["private_accuracy"] <= chance + 2 * (chance * (1 - chance) / n) ** 0.5
+    assert no_better == ("renyi: warning: the private model is no better than chance" in err)
+    assert d["private_accuracy"] < chance + 0.1  # at epsilon = 0.001 it is noise

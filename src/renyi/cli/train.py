@@ -268,6 +268,20 @@ def _run(args: argparse.Namespace) -> int:
         )
         baseline_acc = evaluate(base, test)[1]
 
+    chance = _chance_accuracy(test)
+    if chance is not None and private_acc <= chance + 2 * math.sqrt(
+        chance * (1 - chance) / max(len(test), 1)
+    ):
+        from renyi.errors import RenyiWarning
+
+        warnings.warn(
+            f"the private model is no better than chance: {100 * private_acc:.2f} % accuracy vs "
+            f"{100 * chance:.2f} % for always predicting the most common class; raise --epsilon "
+            "or --epochs, or change --batch-size / --lr / --max-grad-norm",
+            RenyiWarning,
+            stacklevel=2,
+        )
+
     # ε of the run that was trained, by each accountant (the same event, T-fold)
     steps = private.steps
     from renyi.accountants import make_accountant
@@ -322,6 +336,7 @@ def _run(args: argparse.Namespace) -> int:
         "private_accuracy": private_acc,
         "private_test_loss": private_loss,
         "non_private_accuracy": baseline_acc,
+        "chance_accuracy": chance,
         "secure_randomness": args.seed is None,
         "history": history.as_dict(),
         "plot": args.plot,
@@ -387,3 +402,13 @@ def _plot(
     fig.savefig(path, dpi=120)
     plt.close(fig)
     print(f"wrote {path}", file=sys.stderr)
+
+
+def _chance_accuracy(test: Any) -> float | None:
+    """Accuracy of always predicting the test set's most common class (None if unknown)."""
+    import torch
+
+    labels = getattr(test, "tensors", (None,))[-1]
+    if not isinstance(labels, torch.Tensor) or labels.numel() == 0:
+        return None
+    return float(torch.bincount(labels.long().flatten()).max()) / labels.numel()
