@@ -328,3 +328,28 @@ def test_registered_rule_is_used_and_checked_against_batch_of_one() -> None:
         unregister_grad_sampler(Scale)
     engine = ClippedGradientEngine(model, loss_fn, max_grad_norm=1.0)
     assert engine.mode == "hybrid"  # back to per-layer vmap
+
+
+class HeldOutDecoder(nn.Module):
+    """Held-out: a decoder layer (self- and cross-attention, two MHAs) over a GRU memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(4, 8, 3, padding=1)
+        self.gru = nn.GRU(8, 8, batch_first=True, bidirectional=True)
+        self.proj = nn.Linear(16, 8)
+        self.dec = nn.TransformerDecoderLayer(8, 2, 12, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.relu(self.conv(x.transpose(1, 2))).transpose(1, 2)
+        mem, _ = self.gru(h)
+        mem = self.proj(mem)
+        out = self.dec(h, mem, tgt_is_causal=False)
+        return self.head(out.max(dim=1).values)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_held_out_decoder_over_recurrent_memory_matches_batch_of_one(dtype: str) -> None:
+    torch.manual_seed(5)
+    check(HeldOutDecoder(), torch.randn(3, 6, 4), torch.randn(3, 2), dtype)
