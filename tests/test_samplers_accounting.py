@@ -373,3 +373,23 @@ def test_renyi_epsilon_takes_the_sampler() -> None:
     assert rep.best().epsilon == RdpAccountant().compose(ev).epsilon(1e-5).epsilon
     with pytest.raises(PrivacyParameterError, match="sampling"):
         renyi.epsilon(delta=1e-5, sampling="shuffle", noise_multiplier=1.0, steps=3)
+
+
+def test_dp_optimizer_refuses_epoch_samplers() -> None:
+    """A shuffled (or balls-in-bins) run can never be accounted per step, hence never with
+    the Poisson ε: the optimizer refuses the sampler before training."""
+    torch = pytest.importorskip("torch")
+    from renyi.dpsgd import DPOptimizer
+    from renyi.dpsgd.sampler import BallsInBinsSampler, ShuffleSampler
+
+    model = torch.nn.Linear(3, 1)
+    for sampler in (ShuffleSampler(100, 10, 10), BallsInBinsSampler(100, 10, 10)):
+        with pytest.raises(UnsupportedEventError, match="per epoch"):
+            DPOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                model=model,
+                loss_fn=torch.nn.functional.mse_loss,
+                noise_multiplier=1.0,
+                max_grad_norm=1.0,
+                sampler=sampler,
+            )
