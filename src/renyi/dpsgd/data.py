@@ -36,6 +36,7 @@ __all__ = [
     "DatasetNotFoundError",
     "find_fashion_mnist",
     "load_digits",
+    "load_doc_lines",
     "load_fashion_mnist",
     "read_idx",
 ]
@@ -115,6 +116,64 @@ def load_digits(
         _to_tensors(images[train_idx], labels[train_idx], _DIGITS_MEAN, _DIGITS_STD),
         _to_tensors(images[test_idx], labels[test_idx], _DIGITS_MEAN, _DIGITS_STD),
     )
+
+
+def _text_lines(texts: list[str], min_chars: int) -> list[str]:
+    lines = (line.strip() for text in texts for line in text.splitlines())
+    return sorted({line for line in lines if len(line) >= min_chars and line.isascii()})
+
+
+def load_doc_lines(
+    seq_len: int = 48,
+    per_class: int | None = 2000,
+    test_fraction: float = 0.2,
+    split_seed: int = 0,
+) -> tuple[TensorDataset, TensorDataset]:
+    """A text task from text that packages ship (no download): who wrote this line?
+
+    Class 0: lines of the Python language reference (``pydoc_data.topics``, shipped with
+    CPython); class 1: lines of numpy's docstrings (shipped with numpy). Each example is
+    the line's first ``seq_len`` bytes as tokens 1..127 (ASCII lines only), padded with 0
+    (a public vocabulary: nothing is learnt from the data to tokenise it). Classes are
+    balanced (``per_class`` lines each, chosen by a fixed permutation; None = as many as
+    the smaller class has).
+
+    Returns:
+        ``(train, test)`` ``TensorDataset`` of int64 tokens ``[N, seq_len]`` and int64 labels.
+    """
+    import pydoc_data.topics
+
+    seq_len = check_int("seq_len", seq_len, 1)
+    split_seed = check_int("split_seed", split_seed, 0)
+    test_fraction = check_range(
+        "test_fraction", test_fraction, 0.0, 1.0, low_open=True, high_open=True
+    )
+    python = _text_lines(list(pydoc_data.topics.topics.values()), 20)
+    numpy_docs = []
+    for name in sorted(dir(np)):
+        doc = getattr(getattr(np, name, None), "__doc__", None)
+        if isinstance(doc, str):
+            numpy_docs.append(doc)
+    numpy_lines = _text_lines(numpy_docs, 20)
+    rng = np.random.default_rng(split_seed)
+    count = min(len(python), len(numpy_lines))
+    if per_class is not None:
+        count = min(count, check_int("per_class", per_class, 1))
+    chosen = [
+        [lines[i] for i in rng.permutation(len(lines))[:count]] for lines in (python, numpy_lines)
+    ]
+    tokens = np.zeros((2 * count, seq_len), dtype=np.int64)
+    labels = np.repeat(np.arange(2, dtype=np.int64), count)
+    for row, line in enumerate(chosen[0] + chosen[1]):
+        raw = np.frombuffer(line.encode("ascii")[:seq_len], dtype=np.uint8)
+        tokens[row, : raw.size] = raw
+    order = rng.permutation(2 * count)
+    n_test = max(1, round(test_fraction * 2 * count))
+    test_idx, train_idx = order[:n_test], order[n_test:]
+    as_ds = lambda idx: TensorDataset(  # noqa: E731
+        torch.from_numpy(tokens[idx]), torch.from_numpy(labels[idx])
+    )
+    return as_ds(train_idx), as_ds(test_idx)
 
 
 def _dpkg_directories() -> list[Path]:
