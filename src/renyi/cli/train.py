@@ -114,6 +114,20 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--buffers", type=int, default=3, help="buffers of --noise blt (default 3)")
     p.add_argument(
+        "--accounting",
+        choices=("standard", "individual"),
+        default="standard",
+        help="standard (every record charged the worst case) or individual (a Rényi filter "
+        "per record, Feldman & Zrnic 2021; records with small gradients train longer)",
+    )
+    p.add_argument(
+        "--user-level",
+        choices=("ELS", "ULS"),
+        help="user-level guarantee: ELS (example-level sampling) or ULS (user-level "
+        "sampling, per-user clipping); users are --examples-per-user consecutive examples",
+    )
+    p.add_argument("--examples-per-user", type=int, help="examples per synthetic user (K)")
+    p.add_argument(
         "--seed",
         type=int,
         help="seed for reproducible runs (NOT private: the noise becomes predictable)",
@@ -178,6 +192,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.accounting == "individual" or args.user_level is not None:
+        from renyi.cli._personalized import run_personalized
+
+        return run_personalized(args)
     import torch
 
     from renyi.dpsgd.privacy import make_private
