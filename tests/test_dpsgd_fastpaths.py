@@ -287,6 +287,7 @@ def _optimizer(model: nn.Module, source: Any, sigma: float = 1.3, clip: float = 
         sampler=sampler,
         accountant=None,
         random_source=source,
+        allow_predictable_noise=True,  # the fixed-noise stand-in is refused otherwise
     )
 
 

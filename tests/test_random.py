@@ -5,6 +5,7 @@ Statistical tests use fixed seeds (deterministic) and a per-test false-alarm rat
 """
 
 import os
+import time
 import warnings
 
 import numpy as np
@@ -76,17 +77,83 @@ def test_without_cryptography_large_requests_read_os_urandom(monkeypatch):
     assert calls == [1 << 17]
 
 
-def test_seeded_generator_warns_once_per_process_and_is_reproducible():
-    rr._reset_insecure_warning()
+def test_seeded_generator_warns_for_every_object_and_is_reproducible():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         a = get_source(np.random.default_rng(5)).words(10)
         b = get_source(np.random.default_rng(5)).words(10)
     insecure = [w for w in caught if issubclass(w.category, InsecureRandomnessWarning)]
-    assert len(insecure) == 1
+    assert len(insecure) == 2  # one per object that uses a seeded generator
     assert "NOT differentially private" in str(insecure[0].message)
     np.testing.assert_array_equal(a, b)
     assert not get_source(np.random.default_rng(5)).secure
+
+
+def test_insecure_warning_is_not_lost_to_an_earlier_filter():
+    # an earlier warning, silenced by a filter, must not silence the later ones; and the
+    # default once-per-location registry must not swallow a second object's warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureRandomnessWarning)
+        get_source(np.random.default_rng(1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for seed in range(3):  # same code location three times
+            get_source(np.random.default_rng(seed))
+    assert sum(issubclass(w.category, InsecureRandomnessWarning) for w in caught) == 3
+
+
+def test_caller_supplied_source_warns_even_if_it_claims_to_be_secure():
+    class Liar(RandomSource):
+        secure = True
+
+        def words(self, n):
+            return np.zeros(n, dtype=np.uint64)
+
+    with pytest.warns(InsecureRandomnessWarning, match="caller-supplied Liar"):
+        get_source(Liar())
+    assert not rr.is_trusted_source(Liar()) and rr.is_trusted_source(SecureSource())
+
+
+def test_fork_while_another_thread_draws_leaves_a_working_source():
+    """The at-fork handler must replace the pool lock: a thread holding it at the moment of
+    fork() does not exist in the child, so the inherited lock would never be released."""
+    import threading
+
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    stop = threading.Event()
+
+    def draw():
+        while not stop.is_set():
+            rr._SECURE.words(3)
+
+    thread = threading.Thread(target=draw, daemon=True)
+    thread.start()
+    failures = 0
+    try:
+        for _ in range(40):
+            pid = os.fork()
+            if pid == 0:  # child: must draw promptly, from fresh bytes
+                try:
+                    ok = rr._SECURE.words(4).size == 4 and rr._SECURE._pos == 32
+                finally:
+                    os._exit(0 if ok else 1)
+            deadline = time.monotonic() + 20.0
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    failures += os.waitstatus_to_exitcode(status) != 0
+                    break
+                if time.monotonic() > deadline:  # hung on the inherited lock
+                    os.kill(pid, 9)
+                    os.waitpid(pid, 0)
+                    failures += 1
+                    break
+                time.sleep(0.002)
+    finally:
+        stop.set()
+        thread.join()
+    assert failures == 0
 
 
 @pytest.mark.parametrize("bad", [42, np.random.RandomState(0), "secure", 1.5])

@@ -10,8 +10,8 @@ implementations:
   is what the privacy proofs assume of the noise.
 * :class:`GeneratorSource`: wraps a seeded :class:`numpy.random.Generator` so experiments and
   tests are reproducible. Its output is *predictable from the seed* and therefore offers no
-  privacy against anyone who knows or can guess the seed; the first time one is used in a
-  process, :class:`~renyi.errors.InsecureRandomnessWarning` is emitted (once per process).
+  privacy against anyone who knows or can guess the seed; every object that uses one emits
+  :class:`~renyi.errors.InsecureRandomnessWarning` (not once per process).
 
 Every derived quantity is exact: uniform integers in ``[0, n)`` come from rejection sampling
 on 64-bit words (no modulo bias), Bernoulli(num/den) draws compare such an integer with
@@ -51,6 +51,7 @@ __all__ = [
     "SecureSource",
     "box_muller",
     "get_source",
+    "is_trusted_source",
     "secure_random_bytes",
 ]
 
@@ -384,7 +385,8 @@ class GeneratorSource(RandomSource):
     """Words from a (seeded) :class:`numpy.random.Generator`: reproducible, NOT secure.
 
     Anyone who knows the seed can recompute the noise and remove it. Use for experiments,
-    tests and debugging only; a one-time :class:`InsecureRandomnessWarning` says so.
+    tests and debugging only; an :class:`InsecureRandomnessWarning` says so for every
+    object that uses one.
     """
 
     secure = False
@@ -403,54 +405,90 @@ class GeneratorSource(RandomSource):
 
 
 _SECURE = SecureSource()
+
+
+def _after_fork_in_child() -> None:
+    """Reset the shared source in a forked child: a new lock (the parent's may have been held
+    by another thread at the moment of the fork, and that thread does not exist in the
+    child, so the inherited lock would never be released) and no pool (the parent's bytes
+    must never be reused)."""
+    _SECURE._lock = threading.Lock()
+    _SECURE._discard_pool()
+
+
 if hasattr(os, "register_at_fork"):  # pragma: no branch
-    os.register_at_fork(after_in_child=_SECURE._discard_pool)
-_warned_insecure = False
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+_insecure_serial = 0
+_serial_lock = threading.Lock()
+#: renyi's own RandomSource classes, trusted by exact type (see is_trusted_source)
+_TRUSTED_TYPES: set[type] = {SecureSource, GeneratorSource}
+_TRUSTED_NAMES = {("renyi.federated.channels", "ChaCha20Source")}
 
 
-def _warn_insecure_once(
+def is_trusted_source(source: Any) -> bool:
+    """Whether ``source`` is an instance of one of renyi's own :class:`RandomSource` classes
+    (exact type: a subclass that overrides ``words`` or claims ``secure = True`` is not)."""
+    cls = type(source)
+    return cls in _TRUSTED_TYPES or (cls.__module__, cls.__qualname__) in _TRUSTED_NAMES
+
+
+def _warn_insecure(
     generator: str = "a seeded numpy Generator",
     remedy: str = "pass rng=None for the secure OS source",
     stacklevel: int = 3,
 ) -> None:
-    """Emit the once-per-process :class:`InsecureRandomnessWarning` (the only one there is).
+    """Emit :class:`InsecureRandomnessWarning` for one object that uses predictable noise.
 
-    Every seeded, predictable source of the package calls this (``get_source`` for numpy
-    Generators, :class:`renyi.dpsgd.sampler.SeededRandomSource` for ``torch.Generator``);
-    whichever comes first warns, naming ``generator`` and suggesting ``remedy``.
+    Called for every such object (each seeded ``GeneratorSource``, each
+    :class:`renyi.dpsgd.sampler.SeededRandomSource`, each caller-supplied source), never
+    only once per process: each message carries a serial number, so Python's
+    once-per-location registry cannot swallow a later one because an earlier one was shown
+    or filtered.
     """
-    global _warned_insecure
-    if not _warned_insecure:
-        _warned_insecure = True
-        warnings.warn(
-            f"noise is drawn from {generator}: reproducible but predictable, so the output is "
-            f"NOT differentially private against anyone who can learn the seed; {remedy}",
-            InsecureRandomnessWarning,
-            stacklevel=stacklevel,
-        )
+    global _insecure_serial
+    with _serial_lock:
+        _insecure_serial += 1
+        serial = _insecure_serial
+    warnings.warn(
+        f"noise is drawn from {generator}: reproducible but predictable, so the output is "
+        f"NOT differentially private against anyone who can learn the seed; {remedy} "
+        f"[insecure source #{serial}]",
+        InsecureRandomnessWarning,
+        stacklevel=stacklevel,
+    )
+
+
+# Former name (the warning was once per process); now every call warns.
+_warn_insecure_once = _warn_insecure
 
 
 def _reset_insecure_warning() -> None:
-    """Forget that the warning was shown (for tests)."""
-    global _warned_insecure
-    _warned_insecure = False
+    """Nothing to forget any more (kept for callers of the former once-per-process flag)."""
 
 
 def get_source(rng: Any = None) -> RandomSource:
     """The :class:`RandomSource` behind an ``rng`` argument.
 
     ``None`` gives the secure OS source; a :class:`numpy.random.Generator` is wrapped in a
-    :class:`GeneratorSource` (and triggers the once-per-process
-    :class:`~renyi.errors.InsecureRandomnessWarning`); a :class:`RandomSource` is returned as
-    is. Anything else (an int seed, the legacy ``RandomState``, ...) is refused.
+    :class:`GeneratorSource` and warns (:class:`~renyi.errors.InsecureRandomnessWarning`,
+    every call: each wrapped generator is a new object using predictable noise); a
+    :class:`RandomSource` is returned as is, with the same warning if it is not secure or
+    not one of renyi's own classes (:func:`is_trusted_source`). Anything else (an int seed,
+    the legacy ``RandomState``, ...) is refused.
     """
     if rng is None:
         return _SECURE
     if isinstance(rng, RandomSource):
-        if not rng.secure:
-            _warn_insecure_once()
+        if not is_trusted_source(rng):
+            _warn_insecure(
+                f"a caller-supplied {type(rng).__name__}",
+                "renyi cannot vouch for its randomness; pass rng=None for the secure OS source",
+            )
+        elif not rng.secure:
+            _warn_insecure()
         return rng
     if isinstance(rng, np.random.Generator):
-        _warn_insecure_once()
+        _warn_insecure()
         return GeneratorSource(rng)
     raise fail("rng", rng, "None (secure OS entropy) or a numpy.random.Generator")

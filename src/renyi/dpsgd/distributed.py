@@ -98,8 +98,8 @@ class DistributedDPOptimizer(DPOptimizer):
                 dist.broadcast(p.data, src=0)
 
     def add_noise(self) -> None:
-        """Rank 0 adds N(0, σ²C²I) to its partial sum; the sum over ranks goes to ``p.grad``."""
-        std = self.noise_multiplier * self.max_grad_norm
+        """The ranks' partial sums are summed; rank 0 releases the total with N(0, σ²C²I) on
+        the lattice (:meth:`release_noisy_sum`) and broadcasts it to ``p.grad`` everywhere."""
         pieces = []
         for name, p in zip(self._param_names, self._params, strict=True):
             summed = self._summed.get(name) if self._summed is not None else None
@@ -109,9 +109,10 @@ class DistributedDPOptimizer(DPOptimizer):
                 else torch.zeros(p.numel(), dtype=torch.float64)
             )
         flat = torch.cat(pieces)
-        if self.rank == 0:  # the single noise draw of this step
-            flat.add_(self.draw_noise().to(torch.float64), alpha=std)
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        if self.rank == 0:  # the single noise draw of this step, on the total (lattice-safe)
+            flat = self.release_noisy_sum(flat)
+        dist.broadcast(flat, src=0)
         offset = 0
         for p in self._params:
             chunk = flat[offset : offset + p.numel()].reshape(p.shape)

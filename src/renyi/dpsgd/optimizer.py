@@ -150,6 +150,32 @@ def _slice(inputs: Any, start: int, stop: int) -> Any:
     return inputs[start:stop]
 
 
+def _check_noise_source(source: Any, allow_predictable_noise: bool) -> bool:
+    """True for renyi's own torch sources (exact type); a caller-supplied source is refused
+    unless ``allow_predictable_noise`` (then False is returned and a warning is emitted)."""
+    from renyi import random as rrandom
+    from renyi.dpsgd.sampler import SecureRandomSource, SeededRandomSource
+
+    if type(source) is SecureRandomSource:
+        if rrandom.is_trusted_source(source.source) and source.source.secure:
+            return True
+    elif type(source) is SeededRandomSource:
+        return True
+    if not allow_predictable_noise:
+        raise fail(
+            "random_source",
+            source,
+            "renyi's SecureRandomSource (default) or SeededRandomSource; a caller-supplied "
+            "source needs allow_predictable_noise=True (its noise is neither checked nor "
+            "lattice-safe)",
+        )
+    rrandom._warn_insecure(
+        f"a caller-supplied {type(source).__name__} (allow_predictable_noise=True)",
+        "renyi cannot vouch for its noise; leave random_source unset for the secure OS source",
+    )
+    return False
+
+
 class DPOptimizer:
     """Differentially private wrapper around a ``torch.optim.Optimizer`` (DP-SGD).
 
@@ -163,7 +189,12 @@ class DPOptimizer:
         sampler: the batch sampler (gives q, the expected batch size and the event).
         accountant: ``"rdp"``, ``"pld"``, ``"zcdp"``, an accountant object (duck-typed:
             ``compose(event, count)``, ``epsilon(delta)``, ``state_dict()``), or None.
-        random_source: noise source; default the sampler's source (secure by default).
+        random_source: noise source; default the sampler's source (secure by default). Only
+            renyi's :class:`~renyi.dpsgd.sampler.SecureRandomSource` and
+            :class:`~renyi.dpsgd.sampler.SeededRandomSource` are accepted (by exact type);
+            any other object is refused unless ``allow_predictable_noise=True``.
+        allow_predictable_noise: accept a caller-supplied ``random_source`` (its
+            ``normal(shape, dtype)`` is added as is, NOT lattice-safe; warns). For tests.
         max_physical_batch_size: split each :meth:`accumulate` call into micro-batches of at
             most this many examples (virtual steps); None = no split.
         clipping, grad_mode: passed to the clipping engine.
@@ -206,6 +237,7 @@ class DPOptimizer:
         max_steps: int | None = None,
         target: tuple[float, float] | None = None,
         allow_exceeding_target: bool = False,
+        allow_predictable_noise: bool = False,
     ) -> None:
         self.noise_multiplier = check_positive("noise_multiplier", noise_multiplier)
         self.max_grad_norm = check_positive("max_grad_norm", max_grad_norm)
@@ -252,6 +284,7 @@ class DPOptimizer:
             from renyi.dpsgd.sampler import SecureRandomSource
 
             random_source = SecureRandomSource()
+        self._own_noise = _check_noise_source(random_source, allow_predictable_noise)
         self.random_source = random_source
         self.budget = budget
         self.engine = (
@@ -385,19 +418,42 @@ class DPOptimizer:
 
     # -- stage 2: noise -------------------------------------------------------------------
     def add_noise(self) -> None:
-        """Set ``p.grad = clipped_sum + N(0, σ² C² I)`` for every parameter (once per step)."""
-        std = self.noise_std()
-        flat = self.draw_noise()
-        offset = 0
+        """Set ``p.grad`` to the released ``clipped_sum + N(0, σ² C² I)`` (once per step).
+
+        The release is :func:`renyi.noise.gaussian` on the flat clipped sum: every coordinate
+        on the lattice ``renyi.noise.lattice_step(σC) ℤ``, a post-processing of the Gaussian
+        mechanism the accountant analyses (see ``docs/noise.md``).
+        """
+        dtype = self._noise_dtype()
+        pieces = []
         for name, p in zip(self._param_names, self._params, strict=True):
-            noise = flat[offset : offset + p.numel()].view(p.shape)
-            offset += p.numel()
             summed = self._summed.get(name) if self._summed is not None else None
-            if summed is None:
-                noise.mul_(std)
-            else:  # summed + std * noise, in one pass into the noise buffer
-                torch.add(summed.detach().to(noise.dtype), noise, alpha=std, out=noise)
-            p.grad = noise.to(dtype=p.dtype, device=p.device)
+            pieces.append(
+                summed.detach().reshape(-1).to(dtype)
+                if summed is not None
+                else torch.zeros(p.numel(), dtype=dtype)
+            )
+        flat = self.release_noisy_sum(torch.cat(pieces) if pieces else torch.zeros(0, dtype=dtype))
+        offset = 0
+        for p in self._params:
+            chunk = flat[offset : offset + p.numel()].view(p.shape)
+            offset += p.numel()
+            p.grad = chunk.to(dtype=p.dtype, device=p.device)
+
+    def release_noisy_sum(self, flat: torch.Tensor) -> torch.Tensor:
+        """``flat + N(0, σ² C²)`` per entry, released on the lattice by :mod:`renyi.noise`.
+
+        With a caller-supplied source (``allow_predictable_noise=True``) its ``normal`` is
+        added as is instead (not lattice-safe; that source was refused without the flag).
+        """
+        std = self.noise_std()
+        if self._own_noise:
+            from renyi import noise
+
+            # draw_noise: fresh float64 normals, or a subclass's shaping of them (correlated
+            # noise: rows of C^-1 Z); the sum is released on the lattice either way
+            return noise.snap(flat, self.draw_noise(), std)
+        return flat + std * self.draw_noise().to(flat.dtype)
 
     def noise_std(self) -> float:
         """Standard deviation of the noise on each coordinate of the clipped sum: σ·C.
@@ -407,12 +463,14 @@ class DPOptimizer:
         return self.noise_multiplier * self.max_grad_norm
 
     def draw_noise(self) -> torch.Tensor:
-        """One flat vector of i.i.d. N(0, 1) for all parameters, in :meth:`_noise_dtype`.
+        """One flat float64 vector of i.i.d. N(0, 1) for all parameters (parameter order).
 
-        One draw per step from :attr:`random_source` (secure by default), in parameter order.
+        Raw floating-point normals from :attr:`random_source` (for the secure source, the
+        full-precision sampler of :mod:`renyi.noise`): NOT for release on their own (their
+        low bits leak); :meth:`release_noisy_sum` snaps the noisy sum to the lattice.
         """
         total = sum(p.numel() for p in self._params)
-        return self.random_source.normal((total,), self._noise_dtype())
+        return self.random_source.normal((total,), torch.float64)
 
     def _noise_dtype(self) -> torch.dtype:
         # float16/bfloat16 parameters: the clipped sums come in float32 and the noise is added

@@ -147,10 +147,11 @@ class SecureRandomSource(TorchRandomSource):
         return torch.from_numpy(self.source.uniform_open(n))
 
     def normal(self, shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        # renyi.random's own normals (numpy's vectorised log/sqrt/cos/sin are 2-3 times
-        # faster than torch's on CPU), shared with torch without a copy
-        wide = dtype == torch.float64
-        z = self.source.normal(math.prod(shape), np.float64 if wide else np.float32)
+        # renyi.noise's full-precision sampler (float64), shared with torch without a copy;
+        # raw normals are not for release: DPOptimizer snaps the noisy sum to the lattice
+        from renyi import noise
+
+        z = noise.standard_normal(math.prod(shape), rng=self.source)
         return torch.from_numpy(z).reshape(tuple(shape)).to(dtype)
 
     def state_dict(self) -> dict[str, Any]:
@@ -188,6 +189,14 @@ class SeededRandomSource(TorchRandomSource):
 
     def normal(self, shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.randn(tuple(shape), generator=self.generator, dtype=dtype)
+
+    def words(self, n: int) -> np.ndarray:
+        """``n`` uniform 64-bit words from the generator (two 32-bit draws each), for
+        :mod:`renyi.noise` (reproducible, predictable)."""
+        n = check_int("n", n, 0)
+        half = torch.randint(0, 2**32, (2 * n,), generator=self.generator, dtype=torch.int64)
+        w = half.numpy().astype(np.uint64)
+        return (w[:n] << np.uint64(32)) | w[n:]
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": "seeded", "state": self.generator.get_state().tolist()}

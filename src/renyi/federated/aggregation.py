@@ -30,6 +30,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from renyi import noise
 from renyi._validation import check_delta, check_int, check_nonnegative, check_positive, fail
 from renyi.accountants import Accountant, EpsilonResult, make_accountant
 from renyi.closed_forms import classic_gaussian_constant, gaussian_delta, gaussian_mu
@@ -59,15 +60,15 @@ Calibration = Literal["classic", "analytic"]
 def gaussian_noise(
     sigma: float, size: int | tuple[int, ...], rng: object = None
 ) -> NDArray[np.float64]:
-    """``N(0, sigma²)`` noise of the given shape from ``renyi.random.get_source(rng)``.
-
-    ``sigma`` times :meth:`renyi.random.RandomSource.normal` (Box–Muller on the source's
-    open uniforms). ``rng=None`` reads the operating system's CSPRNG; a seeded
+    """Released ``N(0, sigma²)`` noise of the given shape: :func:`renyi.noise.gaussian_noise`
+    (on the lattice ``renyi.noise.lattice_step(sigma) Z``). Noise that is added to data must
+    go through :func:`renyi.noise.gaussian` with the data instead, so that the *sum* is on the
+    lattice. ``rng=None`` reads the operating system's CSPRNG; a seeded
     ``numpy.random.Generator`` is accepted for experiments (with
     ``InsecureRandomnessWarning``).
     """
     sigma = check_nonnegative("sigma", sigma)
-    return sigma * get_source(rng).normal(size)
+    return np.asarray(noise.gaussian_noise(size, sigma, rng=rng), dtype=np.float64)
 
 
 def gaussian_ratio(epsilon: float, delta: float, calibration: Calibration = "classic") -> float:
@@ -159,7 +160,7 @@ def private_mean_central(
     """
     arr = check_values(values)
     sigma = central_mean_std(arr.shape[0], epsilon, delta, calibration)
-    out = arr.mean(axis=0) + gaussian_noise(sigma, arr.shape[1:], rng)
+    out = noise.gaussian(np.asarray(arr.mean(axis=0), dtype=np.float64), sigma, rng=rng)
     return float(out) if arr.ndim == 1 else np.asarray(out, dtype=np.float64)
 
 
@@ -177,7 +178,7 @@ def private_mean_local(
     """
     arr = check_values(values)
     sigma = 1.0 / gaussian_ratio(epsilon, delta, calibration)
-    reports = arr + gaussian_noise(sigma, arr.shape, rng)
+    reports = noise.gaussian(arr, sigma, rng=rng)
     out = reports.mean(axis=0)
     return float(out) if arr.ndim == 1 else np.asarray(out, dtype=np.float64)
 

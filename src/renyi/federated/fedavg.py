@@ -36,6 +36,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from renyi import noise
 from renyi._validation import check_delta, check_int, check_positive, check_probability, fail
 from renyi.accountants import Accountant, EpsilonResult, make_accountant
 from renyi.events import (
@@ -45,7 +46,6 @@ from renyi.events import (
     PoissonSampledEvent,
     SampledWithoutReplacementEvent,
 )
-from renyi.federated.aggregation import gaussian_noise
 from renyi.random import get_source
 
 __all__ = [
@@ -277,11 +277,11 @@ class DpFedAvg:
             # centred bits b_i - 1/2: add/remove sensitivity 1/2 (replace-one: 1), as the
             # noise split of Andrew et al. (Thm 1) requires
             centred = float(within.sum()) - 0.5 * within.size
-            frac = (centred + float(gaussian_noise(sb, 1, self.rng)[0])) / m + 0.5
+            frac = float(noise.gaussian(centred, sb, rng=self.rng)) / m + 0.5
             self.clip_norm = c * math.exp(
                 -self.adaptive.learning_rate * (frac - self.adaptive.target_quantile)
             )
-        noisy = total + gaussian_noise(z_value * c, total.shape[0], self.rng)
+        noisy = noise.gaussian(total, z_value * c, rng=self.rng)
         self.rounds_done += 1
         self.history.append(
             RoundReport(

@@ -1,0 +1,161 @@
+"""renyi.noise: lattice, distribution, kinds/dtypes/devices, refusals and warnings."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from renyi import noise
+from renyi.errors import InsecureRandomnessWarning, PrivacyParameterError
+from renyi.random import GeneratorSource, RandomSource, SecureSource
+
+ALPHA = 1e-6  # false-alarm rate of each statistical check
+
+
+def _gof_lattice(idx: np.ndarray, cdf) -> float:
+    """Chi-square goodness of fit of lattice indices against P(k) = cdf(k+1/2) - cdf(k-1/2)."""
+    lo, hi = int(idx.min()), int(idx.max())
+    edges = np.arange(lo, hi + 2) - 0.5
+    expected = idx.size * np.diff(cdf(edges))
+    observed = np.bincount(idx - lo, minlength=expected.size).astype(float)
+    keep = expected >= 5
+    obs = np.append(observed[keep], observed[~keep].sum())
+    exp = np.append(expected[keep], idx.size - expected[keep].sum())
+    return float(stats.chi2.sf(np.sum((obs - exp) ** 2 / exp), obs.size - 1))
+
+
+@pytest.mark.parametrize("x0", [0.0, 0.3, -12345.678])
+def test_gaussian_is_the_rounded_gaussian_mechanism(x0):
+    sigma = 1.7
+    g = noise.lattice_step(sigma)
+    y = noise.gaussian(np.full(200_000, x0), sigma)
+    idx = np.rint(y / g).astype(np.int64)
+    assert np.array_equal(idx * g, y)  # on the lattice, exactly
+    # ideal: round((x0 + sigma Z) / g): P(k) = Phi(((k+1/2)g - x0)/sigma) - Phi(...)
+    assert _gof_lattice(idx, lambda e: stats.norm.cdf((e * g - x0) / sigma)) > ALPHA
+
+
+def test_laplace_is_the_rounded_laplace_mechanism():
+    b, x0 = 3.0, 0.7
+    g = noise.lattice_step(b)
+    y = noise.laplace(np.full(200_000, x0), b)
+    idx = np.rint(y / g).astype(np.int64)
+    assert np.array_equal(idx * g, y)
+    assert _gof_lattice(idx, lambda e: stats.laplace.cdf((e * g - x0) / b)) > ALPHA
+
+
+def test_lattice_step_depends_only_on_the_scale():
+    assert noise.lattice_step(1.0) == 0.125
+    assert noise.lattice_step(15.9) == 1.0 and noise.lattice_step(16.0) == 2.0
+    for s in [1e-300, 1e-5, 0.3, 7.0, 1e300]:
+        g = noise.lattice_step(s)
+        assert (math.frexp(g)[0] == 0.5 and 8 <= s / g < 16) or g == 2.0**-970
+    with pytest.raises(PrivacyParameterError, match="scale"):
+        noise.lattice_step(-1.0)
+
+
+def test_kinds_dtypes_and_shapes_are_kept():
+    assert isinstance(noise.gaussian(1.0, 1.0), float)
+    assert isinstance(noise.laplace(3, 1.0), float)  # integers give float64
+    a = noise.gaussian(np.zeros((3, 4), dtype=np.float32), 1.0)
+    assert a.shape == (3, 4) and a.dtype == np.float32
+    z = noise.gaussian_noise((2, 5), 0.5)
+    assert z.shape == (2, 5) and z.dtype == np.float64
+    assert noise.gaussian(np.zeros(0), 1.0).shape == (0,)
+    assert noise.gaussian(2.5, 0.0) == 2.5  # no noise: the value on the finest lattice
+
+
+def test_torch_tensors_keep_dtype_and_device_and_match_numpy():
+    torch = pytest.importorskip("torch")
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        t = noise.gaussian(torch.zeros(1000, dtype=dtype), 1.0)
+        assert t.dtype == dtype and t.device.type == "cpu"
+    # the same words give the same release in numpy and torch
+    x = np.linspace(-3, 3, 101)
+    a = noise.gaussian(x, 0.7, rng=np.random.default_rng(4))
+    b = noise.gaussian(torch.from_numpy(x), 0.7, rng=np.random.default_rng(4))
+    assert np.array_equal(a, b.numpy())
+    c = noise.laplace(x, 0.7, rng=np.random.default_rng(4))
+    d = noise.laplace(torch.from_numpy(x), 0.7, rng=np.random.default_rng(4))
+    assert np.array_equal(c, d.numpy())
+
+
+@pytest.mark.skipif("not __import__('torch').cuda.is_available()")
+def test_cuda_tensors_stay_on_the_device():
+    import torch
+
+    t = noise.gaussian(torch.zeros(10_000, device="cuda"), 1.0)
+    assert t.device.type == "cuda" and t.dtype == torch.float32
+    g = noise.lattice_step(1.0)
+    assert bool(torch.all(torch.remainder(t, g) == 0))
+
+
+@pytest.mark.parametrize(
+    "bad", [np.nan, np.inf, np.array([1.0, np.nan]), "1.0", True, np.array([1j])]
+)
+def test_bad_values_are_refused(bad):
+    with pytest.raises(PrivacyParameterError, match="value"):
+        noise.gaussian(bad, 1.0)
+
+
+@pytest.mark.parametrize("bad", [-1.0, np.nan, np.inf, "1"])
+def test_bad_scales_are_refused(bad):
+    with pytest.raises(PrivacyParameterError, match="sigma"):
+        noise.gaussian(0.0, bad)
+
+
+def test_values_beyond_the_lattice_range_are_refused():
+    with pytest.raises(PrivacyParameterError, match="value"):
+        noise.gaussian(np.array([0.0, 1e300]), 1.0)
+
+
+class _Zeros(RandomSource):
+    secure = True  # a lie
+
+    def words(self, n):
+        return np.zeros(n, dtype=np.uint64)
+
+
+class _SubclassedSecure(SecureSource):
+    def words(self, n):
+        return np.zeros(n, dtype=np.uint64)
+
+
+@pytest.mark.parametrize("liar", [_Zeros(), _SubclassedSecure(), object(), 42])
+def test_sources_that_are_not_ours_are_refused(liar):
+    with pytest.raises(PrivacyParameterError, match="allow_predictable_noise"):
+        noise.gaussian(0.0, 1.0, rng=liar)
+
+
+def test_explicitly_allowed_caller_source_warns():
+    with pytest.warns(InsecureRandomnessWarning, match="allow_predictable_noise"):
+        y = noise.gaussian(0.0, 1.0, rng=_Zeros(), allow_predictable_noise=True)
+    assert math.isfinite(y)
+
+
+def test_seeded_sources_warn_at_every_use_and_are_reproducible():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        a = noise.gaussian(np.zeros(5), 1.0, rng=np.random.default_rng(3))
+        b = noise.gaussian(np.zeros(5), 1.0, rng=np.random.default_rng(3))
+        noise.gaussian(0.0, 1.0, rng=GeneratorSource(np.random.default_rng(1)))
+    assert np.array_equal(a, b)
+    assert sum(issubclass(w.category, InsecureRandomnessWarning) for w in caught) >= 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        noise.gaussian(0.0, 1.0)  # the default: secure, silent
+
+
+def test_implementation_slack():
+    e, d = noise.implementation_slack(0)
+    assert e == 0 and d == 0
+    e, d = noise.implementation_slack(10**9, epsilon=2.0)
+    assert e == pytest.approx(2e9 * 2.0**-37) and d == pytest.approx(
+        1e9 * 2.0**-64 * (1 + math.e**2)
+    )
+    with pytest.raises(PrivacyParameterError):
+        noise.implementation_slack(-1)
