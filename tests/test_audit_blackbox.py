@@ -286,6 +286,6 @@ def test_planted_bug_naive_float_laplace_is_caught_by_the_low_bits():
         rng=np.random.default_rng(14),
     )
     assert r.passed is False
-    assert r.best.attack == "lowbits" and r.epsilon_lower > 5.0
+    assert r.best.attack in ("lowbits", "features") and r.epsilon_lower > 5.0
     threshold = next(a for a in r.attacks if a.attack == "threshold")
     assert threshold.epsilon <= 1.0  # the value-based attack alone would not have seen it

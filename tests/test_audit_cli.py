@@ -19,7 +19,12 @@ def test_mechanism_audit_passes_for_our_laplace(capsys):
     )
     assert code == 0 and obj["passed"] is True
     assert obj["epsilon_lower"] <= obj["claimed_epsilon"]
-    assert {a["attack"] for a in obj["attacks"]} == {"threshold", "histogram", "lowbits"}
+    assert {a["attack"] for a in obj["attacks"]} == {
+        "threshold",
+        "histogram",
+        "lowbits",
+        "features",
+    }
 
 
 @pytest.mark.parametrize(
@@ -85,3 +90,24 @@ def test_mechanism_audit_checks_renyi_claims(capsys):
     code, obj = run_json(capsys, [*argv, "--orders", "2,8", "--bug", "half-noise", "--json"])
     assert code == 1 and obj["rdp_passed"] is False
     assert main([*argv, "--orders", "0.5"]) == 2
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dpsgd-noise", "--dtype", "float32", "--trials", "4000"],
+        ["central-mean", "--k", "10", "--trials", "300"],
+        ["local-mean", "--trials", "300"],
+        ["fedavg", "--trials", "300"],
+    ],
+)
+def test_release_path_targets_attack_the_installed_code(capsys, argv):
+    code, obj = run_json(capsys, ["audit", "mechanism", *argv, "--json"])
+    assert code == 0 and obj["passed"] is True
+    assert "features" in {a["attack"] for a in obj["attacks"]}
+    assert obj["epsilon_lower"] <= obj["claimed_epsilon"]
+
+
+def test_release_path_targets_refuse_planted_bug_options(capsys):
+    assert main(["audit", "mechanism", "fedavg", "--bug", "half-noise"]) == 2
+    assert "bug" in capsys.readouterr().err

@@ -226,37 +226,40 @@ def test_unsupported_layers_fall_back_or_are_refused_as_before() -> None:
 # ---------------------------------------------------------------- secure normals
 @pytest.mark.parametrize("shape", [(0,), (1,), (2,), (7,), (3, 5), (4, 0), (10_001,)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_secure_normal_equals_renyi_random_on_the_same_words(
+def test_secure_normal_equals_renyi_noise_on_the_same_words(
     shape: tuple[int, ...], dtype: torch.dtype
 ) -> None:
+    from renyi import noise
+
     src = SecureRandomSource()
     src.source = rr.GeneratorSource(np.random.default_rng(7))
     z = src.normal(shape, dtype)
     assert z.dtype == dtype and tuple(z.shape) == shape
-    ref = rr.GeneratorSource(np.random.default_rng(7)).normal(shape, np.dtype(str(dtype)[6:]))
-    np.testing.assert_array_equal(z.numpy(), ref)  # renyi.random's normals, bit for bit
-    # which are Box-Muller of box_muller_uniforms, bit for bit
-    u1, u2 = rr.GeneratorSource(np.random.default_rng(7)).box_muller_uniforms(
-        (math.prod(shape) + 1) // 2, np.dtype(str(dtype)[6:])
-    )
-    want = rr.box_muller(u1, u2)[: math.prod(shape)].reshape(shape)
-    np.testing.assert_array_equal(z.numpy(), want)
+    ref = noise.standard_normal(math.prod(shape), rng=rr.GeneratorSource(np.random.default_rng(7)))
+    # renyi.noise's full-precision sampler, bit for bit (then rounded to dtype)
+    np.testing.assert_array_equal(z.numpy(), ref.reshape(shape).astype(str(dtype)[6:]))
 
 
-def test_secure_normal_other_dtypes_and_tails() -> None:
+def test_secure_normal_other_dtypes_tails_and_tampering() -> None:
+    from renyi import noise
+    from renyi.errors import PrivacyParameterError
+
     z = SecureRandomSource().normal((2, 3), torch.float16)
     assert z.dtype == torch.float16 and z.shape == (2, 3)
-    # the extreme words: u1 = 2^-54 gives the largest radius sqrt(108 ln 2), u1 near 1 ~0
+    # the extreme words: u1 = 2^-65 gives the largest radius sqrt(130 ln 2), angle ~0
+    top = noise._standard("gaussian", 1, lambda n: np.zeros(n, dtype=np.uint64), np)
+    assert math.isclose(float(top[0]), math.sqrt(130 * math.log(2)), rel_tol=1e-12)
     src = SecureRandomSource()
 
     class _Words(rr.RandomSource):
+        secure = True
+
         def words(self, n: int) -> Any:
             return np.zeros(n, dtype=np.uint64)
 
-    src.source = _Words()
-    for dtype in (torch.float32, torch.float64):
-        top = src.normal((1,), dtype)
-        assert math.isclose(float(top[0]), math.sqrt(108 * math.log(2)), rel_tol=1e-6)
+    src.source = _Words()  # a tampered source is refused, not used
+    with pytest.raises(PrivacyParameterError, match="allow_predictable_noise"):
+        src.normal((1,), torch.float64)
 
 
 # ---------------------------------------------------------------- optimizer

@@ -7,6 +7,7 @@ import pytest
 from scipy.stats import norm
 
 from renyi.errors import PrivacyParameterError
+from renyi.federated.aggregation import gaussian_noise
 from renyi.federated.channels import (
     ChaCha20Source,
     ChannelIntegrityError,
@@ -60,7 +61,8 @@ def test_estimate_is_fixed_point_mean_plus_independent_noise():
     keys = [bytes([i + 1]) * 32 for i in range(15)]
     res = GopaProtocol(vals, sigma_eta=0.3, sigma_delta=20.0, peers=4, rng=rng, noise_keys=keys)
     est = res.run().estimate
-    eta = [to_fixed(0.3 * ChaCha20Source(k).normal(1)) for k in keys]
+    # the independent noise is renyi.noise's lattice release, keyed by the party's stream
+    eta = [to_fixed(gaussian_noise(0.3, 1, ChaCha20Source(k))) for k in keys]
     total = to_fixed(vals).sum(keepdims=True) + np.sum(eta, axis=0)  # wraps mod 2**64
     assert est == fixed_mean(total, 15)[0]
     again = GopaProtocol(vals, sigma_eta=0.3, sigma_delta=7.0, peers=2, noise_keys=keys).run()

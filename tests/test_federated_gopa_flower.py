@@ -23,6 +23,7 @@ os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 pytest.importorskip("flwr")
 
 from renyi.errors import InsecureRandomnessWarning
+from renyi.federated.aggregation import gaussian_noise
 from renyi.federated.channels import ChaCha20Source
 from renyi.federated.gopa import GopaProtocol
 from renyi.federated.gopa_flower import run_local_deployment, session_graph
@@ -36,7 +37,7 @@ SIGMA_ETA, SIGMA_DELTA, PEERS = 0.3, 25.0, 2
 
 def _expected(parties: list[int]) -> float:
     """Fixed-point mean of the parties' values plus their independent noise, recomputed."""
-    eta = [to_fixed(SIGMA_ETA * ChaCha20Source(KEYS[i]).normal(1)) for i in parties]
+    eta = [to_fixed(gaussian_noise(SIGMA_ETA, 1, ChaCha20Source(KEYS[i]))) for i in parties]
     vals = to_fixed(np.asarray(VALUES)[parties])
     total = vals.sum(keepdims=True) + np.sum(eta, axis=0)
     return float(fixed_mean(total, len(parties))[0])

@@ -22,6 +22,10 @@ Attacks:
   (dense in both tails, where pure-DP ratios show).
 * ``"histogram"``: output cells (each distinct value when there are at most 4096, else
   quantile bins), sets are the top cells by likelihood ratio: the "set distinguisher".
+* ``"features"``: a trained set distinguisher on the floating-point features of each output
+  (:func:`float_features`: lowest set bit, exponent, precision): the cells are the distinct
+  feature triples, the set is chosen on the training half by likelihood ratio and bounded
+  on the held-out half, like ``"histogram"``.
 * ``"lowbits"``: Mironov's (2012) floating-point attack. The cell of ``y`` is the exponent
   ``j`` of its lowest set bit (``y`` is an odd multiple of ``2**j``). Textbook
   ``x + numpy.random.laplace(b)`` produces outputs whose finest bit depends on ``x``
@@ -64,6 +68,7 @@ __all__ = [
     "MechanismFn",
     "audit_mechanism",
     "audit_samples",
+    "float_features",
     "lowest_bit_exponent",
     "vectorised",
 ]
@@ -71,7 +76,7 @@ __all__ = [
 #: ``mechanism(x, size, rng) -> outputs``: ``size`` independent releases on input ``x``.
 MechanismFn = Callable[[Any, int, Any], ArrayLike]
 FloatArray = NDArray[np.float64]
-ATTACKS = ("threshold", "histogram", "lowbits")
+ATTACKS = ("threshold", "histogram", "lowbits", "features")
 _MAX_DISTINCT = 4096
 _ZERO_CELL = -1_200  # lowest-bit exponent given to y == 0 (below every double's)
 
@@ -263,7 +268,44 @@ def _lowbits_cells(tr0: FloatArray, tr1: FloatArray, te0: FloatArray, te1: Float
     return _Cells(cells(tr0), cells(tr1), cells(te0), cells(te1), k, False, label)
 
 
-_CELLS = {"threshold": _threshold_cells, "histogram": _histogram_cells, "lowbits": _lowbits_cells}
+def float_features(y: ArrayLike) -> NDArray[np.int64]:
+    """The floating-point features of each output: ``(lowest set bit j, exponent e,
+    precision e - j)`` as rows of an int64 array (``y = m 2**e`` with ``m`` in [1/2, 1); the
+    output is an odd multiple of ``2**j``; 0 gets ``j = -1200, e = 0``).
+
+    Example:
+        >>> float_features([1.0, 0.75, 3 * 2.0**-60]).tolist()
+        [[0, 1, 1], [-2, 0, 2], [-60, -57, 3]]
+    """
+    arr = np.asarray(y, dtype=np.float64)
+    j = lowest_bit_exponent(arr)
+    e = np.frexp(arr)[1].astype(np.int64)
+    return np.stack([j, e, e - j], axis=-1)
+
+
+def _features_cells(tr0: FloatArray, tr1: FloatArray, te0: FloatArray, te1: FloatArray) -> _Cells:
+    parts = [tr0, tr1, te0, te1]
+    keys, inverse = np.unique(
+        np.concatenate([float_features(p) for p in parts]), axis=0, return_inverse=True
+    )
+    inverse = inverse.reshape(-1).astype(np.int64)
+    bounds = np.cumsum([0] + [p.size for p in parts])
+    split = [inverse[bounds[i] : bounds[i + 1]] for i in range(4)]
+
+    def label(chosen: NDArray[np.int64]) -> str:
+        shown = ", ".join(f"(j={k[0]}, e={k[1]}, p={k[2]})" for k in keys[chosen[:4]].tolist())
+        more = f", ... ({chosen.size} cells)" if chosen.size > 4 else ""
+        return "(lowest bit, exponent, precision) in {" + shown + more + "}"
+
+    return _Cells(split[0], split[1], split[2], split[3], keys.shape[0], False, label)
+
+
+_CELLS = {
+    "threshold": _threshold_cells,
+    "histogram": _histogram_cells,
+    "lowbits": _lowbits_cells,
+    "features": _features_cells,
+}
 
 
 # --------------------------------------------------------------------------- selection

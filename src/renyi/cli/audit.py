@@ -5,7 +5,10 @@
   with the threshold, set and low-bits attacks (:func:`renyi.audit.audit_mechanism`) and
   compare with the claim. Mechanisms: ``laplace``, ``gaussian``, ``discrete-laplace``,
   ``discrete-gaussian``, ``randomized-response`` (ours), ``naive-laplace``,
-  ``naive-gaussian`` (textbook floating point: the low-bits attack breaks them).
+  ``naive-gaussian`` (textbook floating point: the low-bits attack breaks them), and
+  renyi's own release paths ``dpsgd-noise`` (``--dtype``), ``central-mean``, ``local-mean``
+  (``--k``, ``--epsilon``) and ``fedavg`` (``--sigma``: the noise multiplier), which run the
+  installed code on inputs 0 and 1 (:mod:`renyi.audit.paths`).
   ``--bug half-noise`` / ``--bug double-sensitivity`` plant a bug to see it caught.
 * ``renyi audit dpsgd --method final-step|many-runs|one-run --canaries 1000 ...``: Dirac
   canary audits of DP-SGD (:mod:`renyi.audit.dpsgd`); ``--config FILE`` reads the same
@@ -36,6 +39,8 @@ _MECHANISMS = (
     "naive-laplace",
     "naive-gaussian",
 )
+#: renyi's own release paths (renyi.audit.paths): attack the installed code end to end
+_PATHS = ("dpsgd-noise", "central-mean", "local-mean", "fedavg")
 _DPSGD_KEYS = {
     "method": str,
     "noise_multiplier": float,
@@ -64,7 +69,7 @@ def register(sub: Any) -> None:
     what.required = True
 
     m = what.add_parser("mechanism", help="black-box audit of a noise mechanism")
-    m.add_argument("name", choices=_MECHANISMS)
+    m.add_argument("name", choices=_MECHANISMS + _PATHS)
     m.add_argument("--scale", type=float, default=1.0, help="Laplace scale b (default 1)")
     m.add_argument("--sigma", type=float, default=1.0, help="Gaussian std (default 1)")
     m.add_argument("--p", type=float, default=0.75, help="RR truth probability (0.75)")
@@ -77,6 +82,11 @@ def register(sub: Any) -> None:
         "--orders", default=None, help="Rényi orders to check too, comma-separated (e.g. 2,8,32)"
     )
     m.add_argument("--seed", type=int, default=None, help="seed (reproducible, insecure)")
+    m.add_argument("--k", type=int, default=1, help="central-/local-mean: number of values (1)")
+    m.add_argument("--epsilon", type=float, default=1.0, help="central-/local-mean: epsilon (1)")
+    m.add_argument(
+        "--dtype", choices=["float32", "float64"], default="float64", help="dpsgd-noise dtype"
+    )
     m.add_argument("--plot", metavar="PATH", help="write the ROC figure to PATH")
     m.add_argument("--json", action="store_true", help="print one JSON object")
     m.set_defaults(func=_run_mechanism)
@@ -102,7 +112,29 @@ def register(sub: Any) -> None:
 
 
 # ------------------------------------------------------------------ mechanism
+def _release_path(args: argparse.Namespace, delta: float) -> tuple[Any, Any, Any, float, str]:
+    """One of renyi's release paths (``--sigma`` is the noise multiplier, sensitivity 1)."""
+    from renyi.audit.paths import release_path
+
+    if args.bug is not None:
+        raise PrivacyParameterError(
+            f"bug={args.bug!r} is invalid: expected no --bug for the release path {args.name} "
+            "(it attacks the installed code as it is)"
+        )
+    if args.sensitivity != 1.0:
+        raise PrivacyParameterError(
+            f"sensitivity={args.sensitivity!r} is invalid: expected 1 for {args.name} "
+            "(its neighbouring inputs are fixed: 0 and 1)"
+        )
+    mech, x0, x1, claim, _, desc = release_path(
+        args.name, sigma=args.sigma, k=args.k, epsilon=args.epsilon, delta=delta, dtype=args.dtype
+    )
+    return mech, x0, x1, claim, desc
+
+
 def _mechanism(args: argparse.Namespace, delta: float) -> tuple[Any, Any, Any, float, str]:
+    if args.name in _PATHS:
+        return _release_path(args, delta)
     from renyi.audit.blackbox import vectorised
     from renyi.closed_forms import gaussian_epsilon
     from renyi.mechanisms import (
@@ -213,12 +245,17 @@ def _parse_orders(text: str) -> Any:
 def _run_mechanism(args: argparse.Namespace) -> int:
     from renyi.audit.blackbox import audit_mechanism
 
-    gaussian = args.name in ("gaussian", "naive-gaussian", "discrete-gaussian")
+    gaussian = args.name in ("gaussian", "naive-gaussian", "discrete-gaussian", *_PATHS)
     delta = args.delta if args.delta is not None else (1e-5 if gaussian else 0.0)
     if gaussian and delta == 0.0:
         raise PrivacyParameterError("delta=0.0 is invalid: expected delta in (0, 1) for Gaussians")
     mech, x0, x1, claim, params = _mechanism(args, delta)
     orders = _parse_orders(args.orders) if args.orders else None
+    if orders is not None and args.name in _PATHS:
+        raise PrivacyParameterError(
+            f"orders={args.orders!r} is invalid: expected no --orders for the release path "
+            f"{args.name} (its claim is (epsilon, delta))"
+        )
     claimed_rdp = _claimed_rdp(args, orders) if orders is not None else None
     naive = args.name.startswith("naive")
     rng: Any = np.random.default_rng(args.seed) if (args.seed is not None or naive) else None
