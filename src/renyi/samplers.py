@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from fractions import Fraction
 from typing import Any
 
@@ -302,9 +303,7 @@ def discrete_laplace(scale: Any, size: Size | None = None, rng: Any = None) -> N
     _check_terms("scale", scale, frac)
     shape = _shape(size)
     src = get_source(rng)
-    return _discrete_laplace_int(frac.numerator, frac.denominator, math.prod(shape), src).reshape(
-        shape
-    )
+    return noise_laplace_int(frac.numerator, frac.denominator, math.prod(shape), src).reshape(shape)
 
 
 # ---------------------------------------------------------------- Algorithm 3 (vectorised)
@@ -379,7 +378,79 @@ def discrete_gaussian(
     _check_terms("sigma_squared", sigma_squared, frac)
     shape = _shape(size)
     src = get_source(rng)
-    return _discrete_gaussian_frac(frac, _default_t(frac), math.prod(shape), src).reshape(shape)
+    return noise_gaussian_frac(frac, _default_t(frac), math.prod(shape), src).reshape(shape)
+
+
+# ---------------------------------------------------------------- constant work per release
+#: Draws made ahead per parameter set (``POOL_SIZE``) and parameter sets kept (``POOL_KEYS``).
+POOL_SIZE = 4096
+POOL_KEYS = 64
+
+
+class _Pools:
+    """Exact draws made ahead in batches, so a release's time does not follow its noise.
+
+    The exact samplers above loop longer for larger ``|noise|`` (the proposal and the
+    geometric part of CKS Alg. 2/3 are rejection loops: Jin et al. 2022 time this channel).
+    Releases of fewer than ``POOL_SIZE`` values from the secure source are served from a pool
+    of ``POOL_SIZE`` i.i.d. exact draws per parameter set, refilled in one vectorised batch
+    when it runs short: serving is a copy (the same work for every value), and the refill's
+    time is one total over thousands of draws, made before the draws it times are released
+    and shared by all of them. Every value is used once; the pools are discarded in a forked
+    child (a child must not release its parent's noise) and guarded by a lock. Seeded
+    generators and large requests draw directly (reproducible / already one batch).
+    """
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._pools: dict[tuple[Any, ...], NDArray[np.int64]] = {}
+
+    def reset(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._pools = {}
+
+    def take(self, key: tuple[Any, ...], n: int, draw: Any) -> NDArray[np.int64]:
+        with self._lock:
+            pool = self._pools.pop(key, np.zeros(0, dtype=np.int64))
+            if pool.size < n:
+                pool = np.concatenate([pool, draw(POOL_SIZE)])
+            out = pool[:n].copy()
+            self._pools[key] = pool[n:]
+            while len(self._pools) > POOL_KEYS:  # forget the least recently used
+                self._pools.pop(next(iter(self._pools)))
+        return out
+
+
+_POOLS = _Pools()
+if hasattr(os, "register_at_fork"):  # pragma: no branch
+    os.register_at_fork(after_in_child=_POOLS.reset)
+
+
+def _pooled(src: RandomSource, n: int) -> bool:
+    from renyi.random import _SECURE
+
+    return src is _SECURE and 0 < n < POOL_SIZE
+
+
+def noise_laplace_int(t: int, s: int, n: int, src: RandomSource) -> NDArray[np.int64]:
+    """``n`` exact discrete Laplace(t/s) draws for a release: constant work per release
+    (served from :class:`_Pools` for the secure source), else :func:`_discrete_laplace_int`."""
+    if _pooled(src, n):
+        return _POOLS.take(("laplace", t, s), n, lambda m: _discrete_laplace_int(t, s, m, src))
+    return _discrete_laplace_int(t, s, n, src)
+
+
+def noise_gaussian_frac(sigma2: Fraction, t: int, n: int, src: RandomSource) -> NDArray[np.int64]:
+    """``n`` exact discrete Gaussian draws for a release (see :func:`noise_laplace_int`)."""
+    if _pooled(src, n):
+        return _POOLS.take(
+            ("gaussian", sigma2, t), n, lambda m: _discrete_gaussian_frac(sigma2, t, m, src)
+        )
+    return _discrete_gaussian_frac(sigma2, t, n, src)
 
 
 # ---------------------------------------------------------------- exact log-pmfs (floats)

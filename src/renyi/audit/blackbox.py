@@ -275,7 +275,7 @@ def float_features(y: ArrayLike) -> NDArray[np.int64]:
 
     Example:
         >>> float_features([1.0, 0.75, 3 * 2.0**-60]).tolist()
-        [[0, 1, 1], [-2, 0, 2], [-60, -57, 3]]
+        [[0, 1, 1], [-2, 0, 2], [-60, -58, 2]]
     """
     arr = np.asarray(y, dtype=np.float64)
     j = lowest_bit_exponent(arr)

@@ -62,7 +62,9 @@ def _dpsgd(sigma: float, dtype: str, delta: float) -> Path:
         # of the Gaussian mechanism with sensitivity C = 1 (the step's claim, per coordinate)
         opt._summed = {name: torch.full_like(p, float(x)) for name, p in model.named_parameters()}
         opt.add_noise()
-        return model.weight.grad.detach().to(torch.float64).numpy().reshape(-1)
+        grad = model.weight.grad
+        assert grad is not None  # add_noise sets every gradient
+        return grad.detach().to(torch.float64).numpy().reshape(-1)
 
     claim = gaussian_epsilon(1.0 / sigma, delta)
     return mech, 0.0, 1.0, claim, delta, f"DPOptimizer.add_noise, sigma={sigma:g}, {dtype}"

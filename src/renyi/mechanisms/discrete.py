@@ -56,10 +56,10 @@ from renyi.random import get_source
 from renyi.samplers import (
     _check_terms,
     _default_t,
-    _discrete_gaussian_frac,
-    _discrete_laplace_int,
     as_fraction,
     discrete_gaussian_logpmf,
+    noise_gaussian_frac,
+    noise_laplace_int,
 )
 
 __all__ = [
@@ -381,7 +381,7 @@ class DiscreteGaussianMechanism(Mechanism):
         noise; returns int64 (a Python int for a scalar)."""
         x, scalar = as_integers(value)
         _check_size(x, self.dimension)
-        noise = _discrete_gaussian_frac(self.sigma_squared, self._t, x.size, get_source(rng))
+        noise = noise_gaussian_frac(self.sigma_squared, self._t, x.size, get_source(rng))
         out = x + noise.reshape(x.shape)
         return int(out) if scalar else out
 
@@ -532,7 +532,7 @@ class DiscreteLaplaceMechanism(Mechanism):
         """``value`` (integers, ``dimension`` entries) plus discrete Laplace noise (int64)."""
         x, scalar = as_integers(value)
         _check_size(x, self.dimension)
-        noise = _discrete_laplace_int(
+        noise = noise_laplace_int(
             self.scale.numerator, self.scale.denominator, x.size, get_source(rng)
         )
         out = x + noise.reshape(x.shape)

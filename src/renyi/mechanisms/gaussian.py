@@ -73,7 +73,7 @@ from renyi.mechanisms.discrete import (
     scalar_gaussian_epsilon,
 )
 from renyi.random import get_source
-from renyi.samplers import _default_t, _discrete_gaussian_frac
+from renyi.samplers import _default_t, noise_gaussian_frac
 
 __all__ = ["GaussianMechanism"]
 
@@ -126,7 +126,7 @@ class GaussianMechanism(Mechanism):
         x, scalar = as_values(value)
         _check_size(x, self.dimension)
         k = to_lattice(x, self.granularity)
-        noise = _discrete_gaussian_frac(self._sigma2_lattice, self._t, x.size, get_source(rng))
+        noise = noise_gaussian_frac(self._sigma2_lattice, self._t, x.size, get_source(rng))
         # k + n is rounded to float as a function of the exact integer k + n only
         # (post-processing); scaling by the power of two g is exact.
         out = (k + noise.reshape(x.shape).astype(np.float64)) * self.granularity

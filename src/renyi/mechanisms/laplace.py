@@ -62,7 +62,7 @@ from renyi.mechanisms.discrete import (
     smallest_scale,
 )
 from renyi.random import get_source
-from renyi.samplers import _check_terms, _discrete_laplace_int
+from renyi.samplers import _check_terms, noise_laplace_int
 
 __all__ = ["LaplaceMechanism"]
 
@@ -114,7 +114,7 @@ class LaplaceMechanism(Mechanism):
         _check_size(x, self.dimension)
         k = to_lattice(x, self.granularity)
         t = self._scale_lattice
-        noise = _discrete_laplace_int(t.numerator, t.denominator, x.size, get_source(rng))
+        noise = noise_laplace_int(t.numerator, t.denominator, x.size, get_source(rng))
         out = (k + noise.reshape(x.shape).astype(np.float64)) * self.granularity
         return float(out) if scalar else out
 
