@@ -157,8 +157,11 @@ class AdaptiveClipDPOptimizer(DPOptimizer):
     def pre_step(self) -> None:
         super().pre_step()  # noise the gradient with σ_Δ C, scale, account the z-event
         centred = self._unclipped - 0.5 * self._counted  # Σ (b_i − 1/2): sensitivity 1/2
-        noise = float(self.random_source.normal((1,), torch.float64)[0])
-        fraction = (centred + self.unclipped_num_std * noise) / self.expected_batch_size + 0.5
+        from renyi import noise
+
+        z = self.random_source.normal((1,), torch.float64).numpy()
+        noisy = float(noise.snap(float(centred), z, self.unclipped_num_std))  # on the lattice
+        fraction = noisy / self.expected_batch_size + 0.5
         self.unclipped_fraction_history.append(fraction)
         updated = self.max_grad_norm * math.exp(
             -self.clipbound_learning_rate * (fraction - self.target_unclipped_quantile)
