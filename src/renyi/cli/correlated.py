@@ -36,7 +36,7 @@ def register(sub: Any) -> None:
         nargs="+",
         choices=STRATEGY_NAMES,
         default=list(STRATEGY_NAMES),
-        help="strategies (default all; honaker and dense only for T <= 1024)",
+        help="strategies (default all; honaker only for T <= 1024, dense for T <= 512)",
     )
     p.add_argument("--bands", type=int, default=8, help="bands of the banded strategy")
     p.add_argument("--buffers", type=int, default=3, help="buffers of the BLT strategy")

@@ -251,12 +251,14 @@ def optimize_dense(
     steps: int,
     *,
     workload: ArrayLike | None = None,
-    iterations: int = 100,
+    iterations: int = 40,
     tol: float = 1e-7,
 ) -> DenseStrategy:
     """The optimal dense lower-triangular ``C`` for single participation, total squared error.
 
-    ``workload``: a dense T × T matrix (default prefix sums). O(T³) per iteration.
+    ``workload``: a dense T × T matrix (default prefix sums). O(T³) per iteration; 40
+    iterations reach the optimum's RMSE to ~1e-4 relative for T = 128 and 256 (the result
+    is feasible, i.e. correctly normalised, whatever the number of iterations).
     """
     t = check_int("steps", steps, 1)
     a = prefix_workload(t) if workload is None else np.asarray(workload, dtype=np.float64)
