@@ -296,3 +296,31 @@ def test_second_calibration_on_a_used_engine_is_refused() -> None:
             epochs=1,
             max_grad_norm=1.0,
         )
+
+
+def test_batch_memory_manager_pieces_release_the_unsplit_update() -> None:
+    from renyi.dpsgd import BatchMemoryManager
+
+    results = []
+    for split in (None, 5):
+        model, optimizer, loader, engine = _private(make="plain", batch_size=30)
+        criterion = nn.CrossEntropyLoss()  # mean: per-example gradients whatever the piece size
+        physical = []
+        if split is None:
+            batches: Any = loader
+        else:
+            batches = BatchMemoryManager(
+                data_loader=loader, max_physical_batch_size=split, optimizer=optimizer
+            )
+        for x, y in batches:
+            physical.append(len(y))
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+        results.append(([p.detach().clone() for p in model.parameters()], physical))
+        assert optimizer.steps_taken == len(loader) == 4
+        assert len(engine.accountant) == 4
+    (unsplit, sizes), (pieces, split_sizes) = results
+    assert sum(sizes) == sum(split_sizes) and max(split_sizes) <= 5
+    for a, b in zip(unsplit, pieces, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)  # same batches, same noise, same update

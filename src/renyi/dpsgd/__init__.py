@@ -11,7 +11,7 @@ from renyi.dpsgd.correlated import (
     make_private_correlated,
 )
 from renyi.dpsgd.data import DatasetNotFoundError, load_digits, load_fashion_mnist
-from renyi.dpsgd.engine import GradSampleModule, PrivacyEngine
+from renyi.dpsgd.engine import BatchMemoryManager, GradSampleModule, PrivacyEngine
 from renyi.dpsgd.ghost import GHOST_LAYER_TYPES, supports_ghost
 from renyi.dpsgd.grad_sample import (
     NonFiniteGradientError,
@@ -49,6 +49,7 @@ __all__ = [
     "GHOST_LAYER_TYPES",
     "AdaptiveClipDPOptimizer",
     "BallsInBinsSampler",
+    "BatchMemoryManager",
     "ClippedGradientEngine",
     "CorrelatedOptimizer",
     "CyclicPoissonSampler",

@@ -146,8 +146,9 @@ class AdaptiveClipDPOptimizer(DPOptimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none)
-        self._unclipped = 0
-        self._counted = 0
+        if not self._mid_batch:
+            self._unclipped = 0
+            self._counted = 0
 
     # -- noise and the clip-bound update ---------------------------------------------------
     def noise_std(self) -> float:

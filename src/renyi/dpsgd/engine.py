@@ -59,7 +59,7 @@ from renyi._validation import check_delta, check_int, check_positive, fail
 from renyi.dpsgd.grad_sample import UnsupportedModelError
 from renyi.dpsgd.optimizer import DPOptimizer
 
-__all__ = ["GradSampleModule", "PrivacyEngine"]
+__all__ = ["BatchMemoryManager", "GradSampleModule", "PrivacyEngine"]
 
 _ACCOUNTANTS = {"prv": "pld", "pld": "pld", "rdp": "rdp", "zcdp": "zcdp"}
 _MODES = ("hooks", "functorch", "ew", "expanded_weights", "ghost", "ghost_fsdp", "auto", "vmap")
@@ -468,3 +468,58 @@ def _adaptive_kwargs(clipping: str, kwargs: dict[str, Any]) -> dict[str, Any] | 
         "min_clipbound": given["min_clipbound"],
         "unclipped_num_std": given["unclipped_num_std"],
     }
+
+
+def _split(batch: Any, size: int) -> list[Any]:
+    """Cut a collated batch (a tensor, or a tuple/list of tensors batched along dim 0) into
+    consecutive pieces of at most ``size`` examples; an empty batch gives one empty piece."""
+    tensors = batch if isinstance(batch, tuple | list) else (batch,)
+    if not tensors or not all(isinstance(t, Tensor) and t.ndim > 0 for t in tensors):
+        raise fail("batch", type(batch).__name__, "a tensor or tuple/list of tensors [B, ...]")
+    n = int(tensors[0].shape[0])
+    starts = range(0, n, size) if n else [0]
+    pieces = []
+    for start in starts:
+        part = [t[start : start + size] for t in tensors]
+        pieces.append(type(batch)(part) if isinstance(batch, tuple | list) else part[0])
+    return pieces
+
+
+class BatchMemoryManager:
+    """Opacus's ``BatchMemoryManager``: logical Poisson batches in physical pieces.
+
+    ``with BatchMemoryManager(data_loader=loader, max_physical_batch_size=64,
+    optimizer=optimizer) as batches: for x, y in batches: ...`` yields every logical batch of
+    ``loader`` cut into consecutive pieces of at most ``max_physical_batch_size`` examples,
+    and tells ``optimizer`` (:meth:`~renyi.dpsgd.optimizer.DPOptimizer.signal_skip_step`)
+    that a ``step()`` after any piece but the last only collects it. The pieces partition
+    the logical batch, so the released update — the clipped sum over all of them, one noise
+    draw, one accounted step — is the mechanism of the unsplit batch.
+    """
+
+    def __init__(
+        self, *, data_loader: Any, max_physical_batch_size: int, optimizer: DPOptimizer
+    ) -> None:
+        self.data_loader = data_loader
+        self.max_physical_batch_size = check_int(
+            "max_physical_batch_size", max_physical_batch_size, 1
+        )
+        if not isinstance(optimizer, DPOptimizer):
+            raise fail("optimizer", type(optimizer).__name__, "a renyi DPOptimizer")
+        self.optimizer = optimizer
+
+    def __enter__(self) -> BatchMemoryManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.optimizer.signal_skip_step(False)
+
+    def __len__(self) -> int:
+        return len(self.data_loader)
+
+    def __iter__(self) -> Any:
+        for batch in self.data_loader:
+            pieces = _split(batch, self.max_physical_batch_size)
+            for i, piece in enumerate(pieces):
+                self.optimizer.signal_skip_step(i < len(pieces) - 1)
+                yield piece

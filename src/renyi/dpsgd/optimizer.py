@@ -315,6 +315,8 @@ class DPOptimizer:
         self.target = target
         self.allow_exceeding_target = bool(allow_exceeding_target)
         self.steps_taken = 0
+        self._skip_next = False  # signal_skip_step: the next step() only collects
+        self._mid_batch = False  # a skipped step collected sums of this logical batch
         self._pending_steps = 0  # steps not yet composed into the accountant (lazy, exact)
         self._summed: dict[str, torch.Tensor] | None = None
         self._examples_seen = 0
@@ -325,12 +327,29 @@ class DPOptimizer:
         return self.original_optimizer.param_groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear ``.grad`` and the accumulated clipped sums of the current logical batch."""
+        """Clear ``.grad`` and the accumulated clipped sums of the current logical batch.
+
+        Between the micro-batches of one logical batch (after a step skipped by
+        :meth:`signal_skip_step`) the clipped sums so far are kept; only ``.grad`` and
+        what the capture holds are cleared.
+        """
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
-        self._summed = None
-        self._examples_seen = 0
+        if not self._mid_batch:
+            self._summed = None
+            self._examples_seen = 0
         if self.capture is not None:
             self.capture.zero_grad()
+
+    def signal_skip_step(self, do_skip: bool = True) -> None:
+        """Make the next :meth:`step` only collect its micro-batch (Opacus's name).
+
+        For virtual steps with the ``loss.backward()`` idiom
+        (:class:`renyi.dpsgd.engine.BatchMemoryManager` calls it): the clipped sums of a
+        skipped step are kept, and the next step that is not skipped privatises the sum over
+        all micro-batches of the logical batch — one noise draw, one accounted step. The
+        micro-batches must partition one logical batch (each example in one of them).
+        """
+        self._skip_next = bool(do_skip)
 
     # -- stage 1: clip (accumulate clipped sums over micro-batches) ----------------------
     def accumulate(self, inputs: Any, targets: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -523,8 +542,13 @@ class DPOptimizer:
             raise fail("closure", closure, "None (closures re-evaluate the loss non-privately)")
         self._check_plan()
         self._check_frozen()
-        if self._summed is None:
+        if self._summed is None or (self._mid_batch and self.capture is not None):
             self._take_captured()
+        if self._skip_next:  # a micro-batch of a logical batch: collected, nothing released
+            self._skip_next = False
+            self._mid_batch = True
+            return None
+        self._mid_batch = False
         if self.budget is not None:  # the gate: refuses before any noise is drawn or released
             self.budget.spend(self.event)
         self.pre_step()
