@@ -130,6 +130,12 @@ DEFAULT_HELP: dict[str, str] = {
     "accountant": "which accountant to use",
     "orders": "Rényi orders of the accountant's grid",
     "convention": "how the privacy loss is counted",
+    "name": "which one (one of the choices shown)",
+    "bug": "plant this known bug, to check that the audit catches it",
+    "method": "which audit method",
+    "trainer": "which trainer runs the audited training",
+    "steps_per_party": "steps per party (>= 1)",
+    "dataset": "which dataset",
 }
 
 # top-level module -> the extra that installs it
