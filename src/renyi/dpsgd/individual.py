@@ -43,10 +43,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from renyi import noise
 from renyi._validation import check_delta, check_positive, fail
 from renyi.calibration import calibrate_noise_multiplier, epochs_to_steps
 from renyi.dpsgd.clipping import ClippedGradientEngine
-from renyi.dpsgd.sampler import SecureRandomSource
+from renyi.dpsgd.sampler import SecureRandomSource, SeededRandomSource
 from renyi.events import GaussianEvent, PoissonSampledEvent, SelfComposedEvent
 from renyi.individual import IndividualRdpFilter
 
@@ -116,7 +117,7 @@ def train_individual(
     levels: int = 64,
     norm_chunk: int = 1024,
     budget: Any = None,
-    random_source: Any = None,
+    seed: int | None = None,
     progress: bool = False,
 ) -> IndividualTraining:
     """Poisson-sampled DP-SGD with a per-record Rényi filter (module docstring).
@@ -132,7 +133,9 @@ def train_individual(
         levels: sensitivity grid of the filter (charges rounded up to multiples of C/levels).
         budget: optional :class:`~renyi.budget.Budget`: the worst-case event (the per-record
             guarantee) is charged once, before training, as one entry.
-        random_source: sampling and noise source (secure by default).
+        seed: ``None`` (default) for the secure OS source; an int for reproducible,
+            **insecure** experiments (warns). The noise is released on a fixed lattice by
+            :func:`renyi.noise.gaussian` either way.
     """
     x, y = _tensors(data)
     n = len(x)
@@ -168,9 +171,9 @@ def train_individual(
                 "max_steps": max_steps,
             },
         )
-    source = random_source if random_source is not None else SecureRandomSource()
+    source = SecureRandomSource() if seed is None else SeededRandomSource(seed)
+    noise_rng = None if seed is None else np.random.default_rng(seed)
     engine = ClippedGradientEngine(model, loss_fn, max_grad_norm=c)
-    params = [p for p in model.parameters() if p.requires_grad]
     std = sigma.noise_multiplier * c
     run = IndividualTraining(model, filt, sigma.noise_multiplier, q, planned_steps, 0, [], receipt)
     iterator: Any = range(max_steps)
@@ -202,15 +205,14 @@ def train_individual(
                 "norm they were charged for at this step (the model is not deterministic "
                 "between two passes, e.g. dropout in train mode); no update was released"
             )
-        noise = source.normal((sum(p.numel() for p in params),), torch.float64)
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        flat = torch.cat([grads[name].reshape(-1).to(torch.float64) for name, _ in named])
+        # the one lattice-safe release primitive: clipped sum + N(0, σ²C²) on a fixed lattice
+        released = noise.gaussian(flat, std, rng=noise_rng)
         offset = 0
-        named = dict(model.named_parameters())
-        for name, p in named.items():
-            if not p.requires_grad:
-                continue
-            z = noise[offset : offset + p.numel()].view(p.shape)
+        for _, p in named:
+            g = released[offset : offset + p.numel()].view(p.shape)
             offset += p.numel()
-            g = grads[name].to(torch.float64) + std * z
             p.grad = (g / (q * n)).to(p.dtype)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
