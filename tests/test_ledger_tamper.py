@@ -208,3 +208,51 @@ def test_postgres_tampering_named(postgres_url):
         Budget.open(postgres_url)
     with pytest.raises(LedgerError, match="entry #2 is missing"):
         b.spend(PureDpEvent(1.0))
+
+
+def test_entry_charged_below_its_event_is_refused(tmp_path):
+    """An edited cost with a consistently recomputed chain (no key) is still caught."""
+    from renyi.ledger import entry_digest, genesis_digest
+    from renyi.ledger._base import dumps
+
+    path = tmp_path / "b.sqlite"
+    _ledger(path, n=2)
+    b = Budget.open(path)
+    entries = b.entries()
+    b.close()
+    head = genesis_digest(b.spec, None)
+    conn = sqlite3.connect(path)
+    for e in entries:
+        cost = {"epsilon": "1", "exact": "1"} if e.index == 1 else e.cost
+        e2 = type(e)(**{**e.__dict__, "cost": cost})
+        head = entry_digest(e2, head, None)
+        conn.execute(
+            "UPDATE entries SET cost = ?, hash = ? WHERE idx = ?", (dumps(cost), head, e.index)
+        )
+    conn.execute(
+        "UPDATE state SET value = ?", (dumps({"spent": "11", "entries": 2, "head": head}),)
+    )
+    conn.commit()
+    conn.close()
+    with pytest.raises(LedgerError, match="entry #1 records a cost of 1 but its event costs 10"):
+        Budget.open(path)
+
+
+def test_approx_state_row_lowered_is_refused(tmp_path):
+    from renyi.events import GaussianEvent
+
+    path = tmp_path / "b.sqlite"
+    b = Budget(epsilon=3.0, delta=1e-5, ledger=path)
+    b.spend(GaussianEvent(5.0), 3)
+    b.close()
+    conn = sqlite3.connect(path)
+    (value,) = conn.execute("SELECT value FROM state").fetchone()
+    import json
+
+    state = json.loads(value)
+    state["spent"] = [x / 2 if isinstance(x, float) else x for x in state["spent"]]
+    conn.execute("UPDATE state SET value = ?", (json.dumps(state),))
+    conn.commit()
+    conn.close()
+    with pytest.raises(LedgerError, match="state row"):
+        Budget.open(path)
