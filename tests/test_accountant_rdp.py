@@ -215,3 +215,12 @@ def test_sampled_without_replacement_gaussian_vs_dp_accounting():
     assert np.all(ours < 0.2 * orders / 8.0)
     res = RdpAccountant().compose(ev, 100).epsilon(1e-5)
     assert math.isfinite(res.epsilon)
+
+
+@pytest.mark.parametrize("sigma", [1e-200, 5e-324])
+def test_underflowing_noise_multiplier_is_inf_not_a_crash(sigma: float) -> None:
+    # σ² underflows to 0: the true ε (~1e399 at σ = 1e-200) is beyond float64, so inf
+    acc = RdpAccountant().compose(PoissonSampledEvent(0.1, GaussianEvent(sigma)), count=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert acc.epsilon(1e-5).epsilon == math.inf

@@ -104,7 +104,8 @@ def _symbolic(event: Event, a: NDArray[np.float64]) -> Any:
     evaluated order by order; every other event is dense and needs nothing here."""
     if isinstance(event, PoissonSampledEvent) and isinstance(event.event, GaussianEvent):
         q, sigma = event.sampling_rate, event.event.noise_multiplier
-        if 0.0 < q < 1.0 and math.isfinite(1.0 / (2.0 * sigma * sigma)):
+        two_var = 2.0 * sigma * sigma  # 0.0 when σ² underflows (σ < 1e-154)
+        if 0.0 < q < 1.0 and two_var > 0.0 and math.isfinite(1.0 / two_var):
             return _Sampled(q, sigma)
         return event.rdp_epsilons(a)
     if isinstance(event, ComposedEvent):
