@@ -284,3 +284,38 @@ def test_frozen_parameters_in_the_optimizer_are_skipped() -> None:
     private.optimizer.accumulate(x[:4], y[:4])
     with pytest.raises(PrivacyParameterError, match="unfrozen after set-up"):
         private.optimizer.step()
+
+
+def test_skipping_an_empty_batch_or_stepping_twice_is_refused() -> None:
+    data = _blobs(20)
+    model = nn.Linear(6, 2)
+    private = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        data,
+        loss_fn=nn.CrossEntropyLoss(),
+        noise_multiplier=1.0,
+        delta=1e-5,
+        steps=60,
+        batch_size=1,  # q = 1/20: empty batches are common
+        max_grad_norm=1.0,
+        seed=0,
+    )
+    opt = private.optimizer
+    with pytest.raises(PrivacyParameterError, match=r"exactly one optimizer\.step"):
+        for _ in range(3):
+            for x, y in private.data_loader:
+                if len(y) == 0:
+                    continue  # the habit: skip empty batches
+                opt.zero_grad()
+                opt.accumulate(x, y)
+                opt.step()
+    # stepping twice on one batch
+    private = _planned()
+    x, y = next(iter(private.data_loader))
+    for _ in range(2):
+        private.optimizer.zero_grad()
+        private.optimizer.accumulate(x, y)
+        private.optimizer.step()
+    with pytest.raises(PrivacyParameterError, match="1 batches drawn, 2 optimizer steps"):
+        next(iter(private.data_loader))

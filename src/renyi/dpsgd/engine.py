@@ -379,6 +379,9 @@ class PrivacyEngine:
         else:
             dp_optimizer = DPOptimizer(optimizer, **common)
         self.accountant.optimizers.append(dp_optimizer)
+        from renyi.dpsgd.privacy import link_loader
+
+        link_loader(loader, dp_optimizer)
         out_module: Any = GradSampleModule(module, capture) if wrap_model else capture
         if "ghost" in grad_sample_mode:
             return out_module, dp_optimizer, criterion, loader

@@ -142,6 +142,36 @@ class PlannedBatchSampler:
         self.unlimited = bool(unlimited)
         self._it: Any = None
         self._drawn = 0
+        self._optimizer: Any = None
+        self._step_base = 0
+
+    def link(self, optimizer: Any) -> None:
+        """Check, before each batch is drawn, that every batch drawn so far was stepped.
+
+        Skipping a batch (``if len(x) == 0: continue``, a common habit with empty Poisson
+        batches) releases the fact that it was empty and leaves it out of the accounting;
+        stepping twice on one batch is accounted as two independent samples. Both are
+        refused with :class:`~renyi.errors.PrivacyParameterError` when the next batch is
+        drawn, once a step has been taken (drawing batches only to look at them releases
+        nothing). Only for loaders without worker processes: workers draw batches ahead.
+        """
+        self._optimizer = optimizer
+        self._step_base = int(optimizer.steps_taken) - self._drawn
+
+    def _check_stepped(self) -> None:
+        opt = self._optimizer
+        if opt is None:
+            return
+        taken = int(opt.steps_taken) - self._step_base
+        if taken and taken != self._drawn:  # (drawing batches only to look at them is fine)
+            raise fail(
+                "training loop",
+                f"{self._drawn} batches drawn, {taken} optimizer steps",
+                "exactly one optimizer.step() per batch of the private loader, empty batches "
+                "included (skipping a batch reveals that it was empty and leaves it "
+                "unaccounted; stepping twice on one batch is accounted as two independent "
+                "samples)",
+            )
 
     @property
     def steps(self) -> int:
@@ -172,12 +202,14 @@ class PlannedBatchSampler:
             return
         if self.unlimited:
             for batch in self.sampler:
+                self._check_stepped()
                 self._drawn += 1
                 yield batch
             return
         if self._it is None:
             self._it = iter(self.sampler)
         for _ in range(count):
+            self._check_stepped()
             batch = next(self._it)
             self._drawn += 1
             yield batch
@@ -186,6 +218,8 @@ class PlannedBatchSampler:
         """Continue after the sampler's restored position (after a checkpoint is loaded)."""
         self._it = None
         self._drawn = int(self.sampler.state_dict()["position"])
+        if self._optimizer is not None:
+            self.link(self._optimizer)
 
 
 class _TensorBatches:
@@ -234,6 +268,14 @@ def dataset_of(data: Dataset[Any] | DataLoader[Any] | Sequence[Any]) -> Dataset[
             "independently; an IterableDataset cannot be sampled that way)",
         )
     return dataset  # type: ignore[return-value]
+
+
+def link_loader(loader: Any, optimizer: Any) -> None:
+    """Make ``loader``'s :class:`PlannedBatchSampler` check one step per batch (see
+    :meth:`PlannedBatchSampler.link`); not for loaders with worker processes."""
+    batches = getattr(loader, "batch_sampler", None)
+    if isinstance(batches, PlannedBatchSampler) and not getattr(loader, "num_workers", 0):
+        batches.link(optimizer)
 
 
 def private_data_loader(
@@ -468,10 +510,12 @@ def make_private(
         target=None if target_epsilon is None else (target_epsilon, delta),
         allow_exceeding_target=allow_exceeding_target,
     )
+    loader = private_data_loader(data, sampler)
+    link_loader(loader, dp_optimizer)
     return PrivateTraining(
         model=model,
         optimizer=dp_optimizer,
-        data_loader=private_data_loader(data, sampler),
+        data_loader=loader,
         sampler=sampler,
         noise_multiplier=sigma,
         max_grad_norm=max_grad_norm,
