@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -185,12 +186,61 @@ def as_values(value: Any, name: str = "value") -> tuple[NDArray[np.float64], boo
     return out, arr.ndim == 0
 
 
-def as_integers(value: Any, name: str = "value") -> tuple[NDArray[np.int64], bool]:
-    """A non-empty integer scalar or array (int64); floats must hold integral values."""
-    arr, scalar = as_values(value, name)
-    if (arr != np.round(arr)).any() or np.abs(arr).max() >= 2.0**62:
-        raise fail(name, value, "integers (|x| < 2**62)")
-    return arr.astype(np.int64), scalar
+def as_integers(value: Any, name: str = "value") -> tuple[NDArray[Any], bool]:
+    """A non-empty integer scalar or array, exactly: never through float64.
+
+    Python ints of any size, numpy integer arrays, and floats holding integral values (taken
+    at their exact value) are accepted; the result is int64 when every entry is below
+    ``2**62`` in magnitude, else an object array of Python ints (so ``2**53 + 1`` stays
+    ``2**53 + 1``). Booleans, strings, NaN, infinities and non-integral floats are refused.
+    """
+    expected = "integers (Python ints, integer arrays, or floats with integral values)"
+    if isinstance(value, bool | np.bool_ | str | bytes):
+        raise fail(name, value, expected)
+    scalar = isinstance(value, numbers.Integral | numbers.Real) and not isinstance(
+        value, np.ndarray
+    )
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError):
+        raise fail(name, value, expected) from None
+    if arr.size == 0:
+        raise fail(name, value, expected + " (got an empty array)")
+    if arr.dtype.kind in "iu":
+        big = arr.dtype.kind == "u" and int(arr.max()) >= 2**62
+        if not big and int(np.abs(arr.astype(np.int64)).max()) < 2**62:
+            return arr.astype(np.int64), arr.ndim == 0
+        return arr.astype(object), arr.ndim == 0
+    flat = arr.reshape(-1).tolist() if arr.dtype.kind in "fO" else None
+    if flat is None:
+        raise fail(name, value, expected)
+    ints = []
+    for v in flat:
+        if isinstance(v, bool | np.bool_) or not isinstance(v, numbers.Real):
+            raise fail(name, value, expected)
+        if isinstance(v, numbers.Integral):
+            ints.append(int(v))
+            continue
+        f = float(v)
+        if not math.isfinite(f) or f != math.floor(f):
+            raise fail(name, value, expected + " (NaN, infinities and fractions are refused)")
+        ints.append(int(f))  # exact: a finite integral float is an integer
+    flat_out = np.empty(len(ints), dtype=object)
+    flat_out[:] = ints
+    out: NDArray[Any] = flat_out.reshape(arr.shape)
+    if max(abs(v) for v in ints) < 2**62:
+        out = out.astype(np.int64)
+    return out, arr.ndim == 0 and scalar
+
+
+def add_integers(x: NDArray[Any], noise: NDArray[np.int64]) -> NDArray[Any]:
+    """``x + noise`` exactly: int64 when the sum cannot overflow, else Python ints."""
+    noise = noise.reshape(x.shape)
+    if x.dtype != object and noise.size:
+        if int(np.abs(x).max()) < 2**62 and int(np.abs(noise).max()) < 2**62:
+            return x + noise
+    out = x.astype(object) + noise.astype(object)
+    return np.asarray(out, dtype=object)
 
 
 # ------------------------------------------------------------------------------ lattice

@@ -46,6 +46,7 @@ from renyi.mechanisms._base import (
     Calibration,
     Mechanism,
     Target,
+    add_integers,
     as_integers,
     down,
     grow_until,
@@ -382,8 +383,8 @@ class DiscreteGaussianMechanism(Mechanism):
         x, scalar = as_integers(value)
         _check_size(x, self.dimension)
         noise = noise_gaussian_frac(self.sigma_squared, self._t, x.size, get_source(rng))
-        out = x + noise.reshape(x.shape)
-        return int(out) if scalar else out
+        out = add_integers(x, noise)  # exact: int64, or Python ints beyond its range
+        return int(out.reshape(-1)[0]) if scalar else out
 
     def rdp(self, orders: ArrayLike = DEFAULT_ORDERS) -> RdpCurve:
         """``alpha * rho`` (CKS Thm. 4)."""
@@ -535,8 +536,8 @@ class DiscreteLaplaceMechanism(Mechanism):
         noise = noise_laplace_int(
             self.scale.numerator, self.scale.denominator, x.size, get_source(rng)
         )
-        out = x + noise.reshape(x.shape)
-        return int(out) if scalar else out
+        out = add_integers(x, noise)  # exact: int64, or Python ints beyond its range
+        return int(out.reshape(-1)[0]) if scalar else out
 
     def rdp(self, orders: ArrayLike = DEFAULT_ORDERS) -> RdpCurve:
         """Scalars: the exact curve (:func:`discrete_laplace_rdp`), never above the pure-DP
