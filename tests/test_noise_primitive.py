@@ -159,3 +159,19 @@ def test_implementation_slack():
     )
     with pytest.raises(PrivacyParameterError):
         noise.implementation_slack(-1)
+
+
+def test_torch_sampler_kernel_matches_numpy_on_the_same_words():
+    """The device path (torch ops, used for CUDA tensors) computes the same normals and
+    Laplace draws as the numpy kernel (CPU tensors) from the same words, to rounding."""
+    torch = pytest.importorskip("torch")
+    from renyi.random import GeneratorSource
+
+    for kind in ("gaussian", "laplace"):
+        a = noise._standard(kind, 10_001, GeneratorSource(np.random.default_rng(9)).words, np)
+        b = noise._standard(
+            kind, 10_001, GeneratorSource(np.random.default_rng(9)).words, torch, "cpu"
+        )
+        np.testing.assert_allclose(b.numpy(), a, rtol=1e-13, atol=1e-13)
+    top = noise._standard("gaussian", 1, lambda n: np.zeros(n, dtype=np.uint64), torch, "cpu")
+    assert math.isclose(float(top[0]), math.sqrt(130 * math.log(2)), rel_tol=1e-12)

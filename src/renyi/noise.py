@@ -194,19 +194,30 @@ def _to_float(x: Any, xp: Any) -> Any:
     return x.astype(np.float64) if xp is np else x.to(xp.float64)
 
 
+def _bits(x: Any, xp: Any) -> Any:
+    return x.view(np.int64) if xp is np else x.view(xp.int64)
+
+
+def _from_bits(b: Any, xp: Any) -> Any:
+    return b.view(np.float64) if xp is np else b.view(xp.float64)
+
+
 def _full_unit(w_exp: Any, w_man: Any, xp: Any) -> Any:
     """Uniforms on (0, 1) with full relative precision: ``u = (1 + m 2**-52) 2**-(c + 1)`` with
     ``c`` the number of leading zeros of ``w_exp`` (so ``P(c = k) = 2**-(k+1)``: the binade
     ``[2**-(k+1), 2**-k)`` of a uniform) and ``m`` the top 52 bits of ``w_man`` (uniform
     within the binade). Every cell has relative width 2**-52, down to ``u = 2**-65``; the mass
-    below (``w_exp = 0``, probability 2**-64) is the documented cap ``TAIL_MASS``."""
+    below (``w_exp = 0``, probability 2**-64) is the documented cap ``TAIL_MASS``. Exponents
+    are read from and written into the float64 bit fields (exact, and much faster than
+    ``frexp``/``ldexp``)."""
     hi = _to_float(_field(w_exp, 11, 53), xp)  # exact: below 2**53
     lo = _to_float(w_exp & 2047, xp)
-    e_hi = xp.frexp(hi)[1]  # hi in [2**(e-1), 2**e); 0 for hi = 0
-    e_lo = xp.frexp(lo)[1]
-    lead = xp.where(hi > 0, 53 - e_hi, 64 - e_lo)  # leading zeros of the 64-bit word
-    mant = _to_float(_field(w_man, 12, 52), xp) * 2.0**-52 + 1.0  # exact
-    return xp.ldexp(mant, -(lead + 1))
+    # biased exponent of a positive double = floor(log2 x) + 1023; 0 maps to 0
+    lead_hi = 52 - ((_bits(hi, xp) >> 52) - 1023)  # leading zeros of the 64-bit word, hi > 0
+    lead_lo = 63 - ((_bits(lo, xp) >> 52) - 1023)  # ... when hi = 0 (lo > 0)
+    lead = xp.where(hi > 0, lead_hi, lead_lo.clip(max=64))  # w_exp = 0: 64 (the cap)
+    mant = _from_bits(_field(w_man, 12, 52) | (1023 << 52), xp)  # 1 + m 2**-52, exact
+    return mant * _from_bits((1022 - lead) << 52, xp)  # times 2**-(lead + 1), exact
 
 
 def _standard(kind: str, n: int, words: Any, xp: Any, device: Any = None) -> Any:
@@ -268,7 +279,9 @@ def _release_torch(kind: str, x: Any, scale: float, words: Any, given: Any) -> A
     a = torch.round(t)  # half to even, like numpy.rint
     f = t - a
     if t.numel():
-        if given is None:
+        if given is None and t.device.type == "cpu":  # numpy's kernels are faster on CPU
+            z = torch.from_numpy(_standard(kind, t.numel(), words, np)).reshape(t.shape)
+        elif given is None:
             z = _standard(kind, t.numel(), words, torch, t.device).reshape(t.shape)
         else:
             z = torch.as_tensor(given).to(device=t.device, dtype=torch.float64, copy=True)
