@@ -5,8 +5,8 @@
 calibrated so that the *planned* run (``epochs`` at the worst case, every gradient of norm C)
 meets the target (ε, δ) under the RDP accountant; every record is then charged, at every
 step, the RDP of the subsampled Gaussian at its own clipped gradient norm, and takes part in
-sampling only while its total stays within that planned curve. Records with small gradients
-keep training after the worst-case ones are retired, up to ``max_epochs``.
+sampling only while its total stays within that planned curve. With ``max_epochs`` above
+``epochs``, records with small gradients keep training after the worst-case ones are retired.
 
 Guarantee: every record's privacy loss is at most the target (ε, δ) (add/remove one record),
 the same statement as standard DP-SGD with ``epochs``; records that spent less get a better
@@ -128,7 +128,8 @@ def train_individual(
         target_epsilon, delta: every record's guarantee.
         batch_size: expected batch ``q·n``.
         epochs: the planned worst-case run that defines the budget (and σ).
-        max_epochs: how long records with budget left may keep training (default 2 × epochs).
+        max_epochs: how long records with budget left may keep training (default: ``epochs``,
+            stop at the plan; longer runs lost accuracy on digits, see docs/personalized.md).
         max_grad_norm: C.
         levels: sensitivity grid of the filter (charges rounded up to multiples of C/levels).
         budget: optional :class:`~renyi.budget.Budget`: the worst-case event (the per-record
@@ -143,7 +144,7 @@ def train_individual(
     delta = check_delta(delta)
     c = check_positive("max_grad_norm", max_grad_norm)
     planned_steps, q = epochs_to_steps(epochs, n, batch_size)
-    max_epochs = 2.0 * epochs if max_epochs is None else max_epochs
+    max_epochs = epochs if max_epochs is None else max_epochs
     max_steps, _ = epochs_to_steps(max_epochs, n, batch_size)
     if max_steps < planned_steps:
         raise fail("max_epochs", max_epochs, f">= epochs={epochs}")
