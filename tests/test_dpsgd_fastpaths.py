@@ -151,16 +151,32 @@ def _record(layer: nn.Linear, *inputs: Tensor) -> list[Any]:
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_which_linear_rule_is_used(bias: bool) -> None:
-    """The 2-D rule only for one call on [B, d]; sequences and repeated calls as before."""
+    """The 2-D rule only for one call on [B, d]; sequences and repeated calls go to the
+    batch-first sequence rule, which agrees with the general (position-axis) rule."""
     torch.manual_seed(0)
     layer = nn.Linear(4, 3, bias=bias)
     names = ["weight", "bias"] if bias else ["weight"]
     flat = ghost.ghost_layer_grads(layer, _record(layer, torch.randn(5, 4)), names, 5)
     assert isinstance(flat, ghost._LinearGrads)
-    seq = ghost.ghost_layer_grads(layer, _record(layer, torch.randn(5, 2, 4)), names, 5)
-    assert isinstance(seq, ghost._OuterProductGrads)
+    xs = torch.randn(5, 7, 4)
+    seq_calls = _record(layer, xs)
+    seq = ghost.ghost_layer_grads(layer, seq_calls, names, 5)
+    assert isinstance(seq, ghost._SeqLinearGrads)
     twice = _record(layer, torch.randn(5, 4), torch.randn(5, 4))
-    assert isinstance(ghost.ghost_layer_grads(layer, twice, names, 5), ghost._OuterProductGrads)
+    assert isinstance(ghost.ghost_layer_grads(layer, twice, names, 5), ghost._SeqLinearGrads)
+    general_seq = ghost._OuterProductGrads(
+        xs.reshape(5, 1, 7, 4).transpose(2, 3),
+        seq_calls[0][2][0].reshape(5, 1, 7, 3).transpose(2, 3),
+        layer.weight.shape,
+        names,
+    )
+    w = dict.fromkeys(names, torch.rand(5, dtype=torch.float64))
+    for n in names:
+        _assert_close(seq.sq_norms()[n], general_seq.sq_norms()[n], 1e-6)
+        _assert_close(seq.weighted_sum(w)[n], general_seq.weighted_sum(w)[n], 1e-6)
+    seq.use_gram = not seq.use_gram  # both norm methods agree
+    for n in names:
+        _assert_close(seq.sq_norms()[n], general_seq.sq_norms()[n], 1e-6)
     # both rules give the same norms and sums on the same call
     x = torch.randn(5, 4)
     calls = _record(layer, x)

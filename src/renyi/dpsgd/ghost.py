@@ -297,23 +297,71 @@ class _LinearGrads:
 
 def _linear(
     module: nn.Linear, calls: Sequence[Call], names: Sequence[str], batch: int
-) -> _OuterProductGrads | _LinearGrads:
+) -> _OuterProductGrads | _LinearGrads | _SeqLinearGrads:
     used = _used_calls(calls)
     return _linear_from(used, module.in_features, module.out_features, names, batch)
 
 
 def _linear_from(
     used: Sequence[tuple[Tensor, Tensor]], d: int, o: int, names: Sequence[str], batch: int
-) -> _OuterProductGrads | _LinearGrads:
+) -> _OuterProductGrads | _LinearGrads | _SeqLinearGrads:
     """An affine map ``y = x W^T + b`` (``W``: ``[o, d]``) from its calls' inputs and output
     gradients, batch-first; several calls are concatenated along the position axis."""
     if len(used) == 1:
         x, g = used[0]
         if x.ndim == 2 and g.ndim == 2 and x.shape[0] == batch == g.shape[0]:
             return _LinearGrads(x, g, names)
+    if all(x.shape[0] == batch and g.shape[0] == batch for x, g in used):
+        a3 = _cat([x.reshape(batch, -1, d) for x, _ in used], dim=1)
+        b3 = _cat([g.reshape(batch, -1, o) for _, g in used], dim=1)
+        return _SeqLinearGrads(a3.contiguous(), b3.contiguous(), names)
     a = _cat([x.reshape(batch, 1, -1, d).transpose(2, 3) for x, _ in used], dim=3)
     b = _cat([g.reshape(batch, 1, -1, o).transpose(2, 3) for _, g in used], dim=3)
     return _OuterProductGrads(a, b, torch.Size([o, d]), names)
+
+
+class _SeqLinearGrads:
+    """An affine map on sequences, batch-first ``a``: ``[B, T, d]``, ``b``: ``[B, T, o]``
+    (contiguous): example ``i``'s weight gradient is ``b_i^T a_i``, its bias gradient
+    ``sum_t b_it``. The same algebra as :class:`_OuterProductGrads` (Gram matrices under
+    Bu et al.'s rule ``2 T^2 < d o``, else this layer's per-example gradient) in the layout the
+    layer produced, so that the clipped sum is one ``[o, BT] x [BT, d]`` product without
+    copies."""
+
+    def __init__(self, a: Tensor, b: Tensor, names: Sequence[str]) -> None:
+        self.a, self.b = a, b
+        self.names = tuple(names)
+        t, d, o = a.shape[1], a.shape[2], b.shape[2]
+        self.use_gram = 2 * t * t < d * o
+
+    def sq_norms(self) -> dict[str, Tensor]:
+        res: dict[str, Tensor] = {}
+        a, b = self.a, self.b
+        if "weight" in self.names:
+            if self.use_gram:
+                ga = torch.bmm(a, a.transpose(1, 2))  # [B, T, T]
+                gb = torch.bmm(b, b.transpose(1, 2))
+                prod = ga.double() * gb.double()  # (a.a)(b.b) may exceed the float32 range
+                res["weight"] = prod.sum(dim=(1, 2)).clamp_min(0.0)
+            else:
+                res["weight"] = _sq(torch.bmm(b.transpose(1, 2), a), (1, 2))
+        if "bias" in self.names:
+            res["bias"] = _sq(b.sum(dim=1), (1,))
+        return res
+
+    def weighted_sum(self, weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        res: dict[str, Tensor] = {}
+        a, b = self.a, self.b
+        o, d = b.shape[2], a.shape[2]
+        if "weight" in self.names:
+            w = weights["weight"].to(b.dtype)[:, None, None]
+            if d < o:
+                res["weight"] = torch.mm(b.reshape(-1, o).t(), (a * w).reshape(-1, d))
+            else:
+                res["weight"] = torch.mm((b * w).reshape(-1, o).t(), a.reshape(-1, d))
+        if "bias" in self.names:
+            res["bias"] = torch.mv(b.sum(dim=1).t(), weights["bias"].to(b.dtype))
+        return res
 
 
 class LinearMapGrads:
