@@ -784,6 +784,32 @@ class SampledWithoutReplacementEvent(Event):
         # No amplification in zCDP: sampling never increases Rényi divergence (quasi-convexity).
         return 0.0 if self.sampling_rate == 0.0 else self.event.zcdp_rho()
 
+    def pld_pair(
+        self, *, value_discretization_interval: float, tail_mass: float, max_bins: int
+    ) -> PldPair:
+        """One symmetric PLD (:func:`renyi.sampled_pld.symmetrised_sampled_gaussian_pld`).
+
+        Whether record ``i`` is in the batch (probability ``q = m/n``) has the same law in
+        both worlds, and a batch without ``i`` is coupled to one with ``i`` by swapping ``i``
+        for a uniform other record ``j``; given the rest ``R`` and ``j`` the outputs are
+        ``(1-q) N(c) + q N(a)`` against ``(1-q) N(c) + q N(a')`` with the three means
+        pairwise within one replace-one sensitivity. Joint convexity over ``(R, j)``, the
+        advanced joint convexity of Balle, Barthe & Gaboardi 2018 (Thm 2) and joint
+        convexity again bound ``H_γ`` for ``γ >= 1`` by ``q H_{γ''}(N(1)||N(0))``, which is
+        exactly ``H_γ`` of the Poisson-subsampled pair ``((1-q) N(0) + q N(1), N(0))``
+        (attained when ``a' = c``); for ``γ < 1`` the reversed pair gives the bound. Full
+        batch (``m = n``): the Gaussian with the replace-one sensitivity."""
+        inner = _gaussian_inner(self.event, "sampling without replacement")
+        from renyi.sampled_pld import symmetrised_sampled_gaussian_pld
+
+        pld = symmetrised_sampled_gaussian_pld(
+            self.sampling_rate,
+            inner.noise_multiplier,
+            value_discretization_interval=value_discretization_interval,
+            tail_mass=tail_mass,
+        )
+        return pld, pld
+
     def approx_dp_guarantees(self) -> Counter[Guarantee]:
         wor: Counter[Guarantee] = Counter()
         for (eps, delta), n in self.event.approx_dp_guarantees().items():

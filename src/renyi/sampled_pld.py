@@ -33,7 +33,7 @@ from scipy.special import log_ndtr, ndtr
 if TYPE_CHECKING:
     from renyi.pld import PrivacyLossDistribution
 
-__all__ = ["Branch", "mixture_pld"]
+__all__ = ["Branch", "mixture_pld", "symmetrised_sampled_gaussian_pld"]
 
 FloatArray = NDArray[np.float64]
 Branch = tuple[float, float, float, float]  # (weight, rate r, shift d, noise s)
@@ -130,6 +130,55 @@ def mixture_pld(
     deficit = max(1.0 - math.fsum(partner.tolist()), 0.0)
     partner[-1] = deficit
     partner /= math.fsum(partner.tolist())
+    return PLD.from_distributions(
+        first, partner, value_discretization_interval=h, tail_mass=tail_mass
+    )
+
+
+def symmetrised_sampled_gaussian_pld(
+    rate: float,
+    noise_multiplier: float,
+    *,
+    value_discretization_interval: float = 1e-4,
+    tail_mass: float = 1e-15,
+) -> PrivacyLossDistribution:
+    """Pessimistic PLD of the *symmetrised* Poisson-subsampled Gaussian pair: the pair whose
+    hockey-stick curve ``H(γ) = E_Q[(dP/dQ - γ)+]`` is that of ``R = ((1 - r) N(0, s²) +
+    r N(1, s²), N(0, s²))`` for ``γ >= 1`` and that of the reversed pair ``(Q_R, P_R)`` for
+    ``γ <= 1``. Its loss distribution under the first side is ``R``'s positive losses, their
+    mirror image (mass ``Q_R`` at ``-ℓ``) and an atom at 0 with the rest, so it is one
+    symmetric PLD used for both directions.
+
+    This dominates a mechanism whose every ordered neighbouring pair has ``H(γ) <= H_R(γ)``
+    for ``γ >= 1``: for ``γ < 1``, ``H_γ(P||Q) = 1 - γ + γ H_{1/γ}(Q||P)`` and the reversed
+    pair is neighbouring too. Sampling ``b`` of ``n`` without replacement under replace-one
+    is such a mechanism with ``r = b/n`` (see
+    :meth:`renyi.events.SampledWithoutReplacementEvent.pld_pair`). Built from ``R``'s
+    connect-the-dots atoms (:func:`_branch_atoms`, which dominate ``R``: then the mirrored
+    pair dominates the symmetrised one on both sides of ``γ = 1``)."""
+    from renyi._validation import check_positive, check_probability, fail
+    from renyi.pld import PrivacyLossDistribution as PLD
+
+    r = check_probability("rate", rate)
+    s = check_positive("noise_multiplier", noise_multiplier)
+    if r == 0.0:
+        raise fail("rate", rate, "a probability in (0, 1]")
+    h = float(value_discretization_interval)
+    if r == 1.0:
+        return PLD.gaussian(s, value_discretization_interval=h, tail_mass=tail_mass)
+    f, g, inf_mass = _branch_atoms(r, 1.0, s, h, "remove")
+    keep = f > g  # positive losses (atoms at loss 0 join the central atom)
+    f, g = f[keep], g[keep]
+    used = math.fsum(f.tolist()) + math.fsum(g.tolist()) + inf_mass
+    # P_R(ℓ >= 0) + Q_R(ℓ >= 0) = 2 (1 - r) Φ(-1/(2s)) + r <= 1: the centre is not negative
+    if used > 1.0 + 1e-12:  # pragma: no cover - excluded by the bound above
+        raise ArithmeticError(f"symmetrised PLD: masses sum to {used!r} > 1")
+    centre = max(1.0 - used, 0.0)
+    first = np.concatenate((f, g, [inf_mass, 0.0, centre]))
+    partner = np.concatenate((g, f, [0.0, inf_mass, centre]))
+    total = math.fsum(first.tolist())  # equal for both sides (mirror image)
+    first /= total
+    partner /= total
     return PLD.from_distributions(
         first, partner, value_discretization_interval=h, tail_mass=tail_mass
     )
