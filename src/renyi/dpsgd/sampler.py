@@ -147,12 +147,12 @@ class SecureRandomSource(TorchRandomSource):
         return torch.from_numpy(self.source.uniform_open(n))
 
     def normal(self, shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        # renyi.noise's full-precision sampler (float64), shared with torch without a copy;
+        # renyi.noise's full-precision sampler (float64), torch's CPU kernels;
         # raw normals are not for release: DPOptimizer snaps the noisy sum to the lattice
         from renyi import noise
 
-        z = noise.standard_normal(math.prod(shape), rng=self.source)
-        return torch.from_numpy(z).reshape(tuple(shape)).to(dtype)
+        z = noise.standard_normal(math.prod(shape), rng=self.source, torch_kernel=True)
+        return z.reshape(tuple(shape)).to(dtype)
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": "secure"}
