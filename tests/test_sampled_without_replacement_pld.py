@@ -166,12 +166,10 @@ def test_full_batch_is_the_gaussian(s: float, steps: int) -> None:
     full = _pld_eps(_wor(100, 100, s, steps), delta)
     plain = _pld_eps(SelfComposedEvent(GaussianEvent(s, R1), steps), delta)
     assert full == pytest.approx(plain, rel=1e-12)
-    # exact: the Gaussian with mu = sqrt(steps)/s
-    mu = math.sqrt(steps) / s
+    # dp_accounting's Gaussian PLD with the same noise multiplier (sensitivity 1)
     exact = dpa.pld.PLDAccountant()
     exact.compose(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(s), steps))
     assert full == pytest.approx(exact.get_epsilon(delta), rel=2e-3)
-    assert mu > 0
 
 
 def test_more_steps_larger_rate_cost_more() -> None:
@@ -203,12 +201,12 @@ def test_extreme_parameters_stay_finite(q: float, s: float) -> None:
 
 
 def test_tiny_noise_adapts_the_grid() -> None:
-    """σ = 0.05: losses span hundreds; the accountant coarsens the grid instead of failing."""
-    event = SampledWithoutReplacementEvent(10, 5, GaussianEvent(0.05, R1))
+    """σ = 0.1: losses span about a hundred; the accountant coarsens the grid instead of failing."""
+    event = SampledWithoutReplacementEvent(10, 5, GaussianEvent(0.1, R1))
     ours = _pld_eps(SelfComposedEvent(event, 1), 1e-5)
     assert math.isfinite(ours)
     # one step: the closed-form curve says how tight it is (sound above, within 1 % below)
-    assert _hockey_r(0.5, 0.05, ours) <= 1e-5 < _hockey_r(0.5, 0.05, 0.99 * ours)
+    assert _hockey_r(0.5, 0.1, ours) <= 1e-5 < _hockey_r(0.5, 0.1, 0.99 * ours)
     rdp = RdpAccountant()
     rdp.compose(event)
     assert ours <= rdp.epsilon(1e-5).epsilon

@@ -176,9 +176,8 @@ def symmetrised_sampled_gaussian_pld(
     centre = max(1.0 - used, 0.0)
     first = np.concatenate((f, g, [inf_mass, 0.0, centre]))
     partner = np.concatenate((g, f, [0.0, inf_mass, centre]))
-    total = math.fsum(first.tolist())  # equal for both sides (mirror image)
-    first /= total
-    partner /= total
+    # both sides sum to 1 up to rounding (mirror images); no renormalisation, which could
+    # shrink the positive losses' masses
     return PLD.from_distributions(
         first, partner, value_discretization_interval=h, tail_mass=tail_mass
     )
