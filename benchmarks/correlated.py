@@ -54,7 +54,9 @@ def _jax() -> Any:
         return None
 
 
-def errors(steps: tuple[int, ...], bands: int, buffers: int) -> dict[str, Any]:
+def errors(
+    steps: tuple[int, ...], bands: int, buffers: int, names: list[str] | None = None
+) -> dict[str, Any]:
     import numpy as np
 
     from renyi.correlated.optimize import optimize_banded, optimize_blt, toeplitz_loss
@@ -64,7 +66,7 @@ def errors(steps: tuple[int, ...], bands: int, buffers: int) -> dict[str, Any]:
     for t in steps:
         out["single"] += [
             r.as_dict()
-            for r in error_table([t], list(STRATEGY_NAMES), bands=bands, buffers=buffers)
+            for r in error_table([t], names or list(STRATEGY_NAMES), bands=bands, buffers=buffers)
         ]
         sep = max(1, t // 16)
         out["min_sep"] += [
@@ -248,12 +250,15 @@ def cost(bands_list: tuple[int, ...], buffers: int, steps: int) -> list[dict[str
         base = statistics.median(times["dpsgd"])
         params = sum(p.numel() for p in make().parameters())
         for k, o in opts.items():
-            kept = getattr(getattr(o, "noise", None), "buffers", 0)
+            gen = getattr(o, "noise", None)
+            kept = 0 if gen is None else gen.buffers
+            state = [] if gen is None else gen.state_dict()["vectors"]
+            held = sum(v.element_size() * v.numel() for v in state)
             rows.append({
                 "model": mname, "strategy": k, "params": params,
                 "median_step_ms": 1e3 * statistics.median(times[k]),
                 "ratio_to_dpsgd": statistics.median(times[k]) / base,
-                "noise_state_vectors": kept, "noise_state_bytes": kept * params * 4,
+                "noise_state_vectors": kept, "noise_state_bytes": held,
                 "steps_timed": len(times[k]),
             })  # fmt: skip
     return rows
@@ -282,12 +287,13 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--noises", nargs="+", default=["dpsgd", "banded", "blt"])
     p.add_argument("--cost-steps", type=int, default=30)
+    p.add_argument("--strategies", nargs="+", help="strategies of the error table (default all)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     warnings.simplefilter("ignore")
     result: dict[str, Any] = {"load_average": os.getloadavg()}
     if args.errors:
-        result["errors"] = errors(tuple(args.steps), 8, args.buffers)
+        result["errors"] = errors(tuple(args.steps), 8, args.buffers, args.strategies)
     if args.accuracy:
         rows = accuracy(args.seeds, args.bands, args.buffers, args.noises)
         result["accuracy"] = {"runs": rows, "summary": _summarise_accuracy(rows)}
