@@ -258,3 +258,10 @@ def test_cli_train_correlated_json(capsys):
     assert data["noise"]["kind"] == "banded" and data["noise"]["analysis"] == "amplified"
     assert data["noise"]["partitions"] == 2
     assert main(["train", "--noise", "blt", "--sampling", "fixed-size", "--json"]) == 2
+
+
+def test_cli_train_refuses_noise_with_personalized_accounting(capsys):
+    from renyi.cli.main import main
+
+    assert main(["train", "--noise", "banded", "--user-level", "ELS", "--json"]) == 2
+    assert "--noise" in capsys.readouterr().err

@@ -193,6 +193,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.accounting == "individual" or args.user_level is not None:
+        if args.noise != "dpsgd":  # never ignore a flag silently
+            from renyi._validation import fail
+
+            raise fail("--noise", args.noise, "dpsgd with --accounting individual/--user-level")
         from renyi.cli._personalized import run_personalized
 
         return run_personalized(args)
