@@ -193,6 +193,15 @@ class Event(ABC):
         return json.dumps(self.to_dict(), sort_keys=True, allow_nan=False)
 
 
+def _check_inner(event: Any, relation: Neighbouring, why: str | None = None) -> None:
+    """Refuse an inner ``event`` that is not an Event under the wrapper's relation."""
+    if not isinstance(event, Event):
+        raise fail("event", event, "an Event")
+    if event.neighbouring is not relation:
+        reason = f" ({why})" if why else ""
+        raise fail("event.neighbouring", event.neighbouring.value, f"'{relation.value}'{reason}")
+
+
 def _encode(value: Any) -> Any:
     if isinstance(value, Event):
         return value.to_dict()
@@ -669,14 +678,11 @@ class PoissonSampledEvent(Event):
         object.__setattr__(
             self, "sampling_rate", check_probability("sampling_rate", self.sampling_rate)
         )
-        if not isinstance(self.event, Event):
-            raise fail("event", self.event, "an Event")
-        if self.event.neighbouring is not Neighbouring.ADD_REMOVE:
-            raise fail(
-                "event.neighbouring",
-                self.event.neighbouring.value,
-                "'add_remove' (Poisson subsampling is analysed under add/remove neighbours)",
-            )
+        _check_inner(
+            self.event,
+            Neighbouring.ADD_REMOVE,
+            "Poisson subsampling is analysed under add/remove neighbours",
+        )
 
     @property
     def neighbouring(self) -> Neighbouring:
@@ -748,14 +754,11 @@ class SampledWithoutReplacementEvent(Event):
         m = check_int("sample_size", self.sample_size, 1)
         if m > n:
             raise fail("sample_size", m, f"an integer in [1, population_size={n}]")
-        if not isinstance(self.event, Event):
-            raise fail("event", self.event, "an Event")
-        if self.event.neighbouring is not Neighbouring.REPLACE_ONE:
-            raise fail(
-                "event.neighbouring",
-                self.event.neighbouring.value,
-                "'replace_one' (sampling without replacement is analysed under replace-one)",
-            )
+        _check_inner(
+            self.event,
+            Neighbouring.REPLACE_ONE,
+            "sampling without replacement is analysed under replace-one",
+        )
 
     @property
     def neighbouring(self) -> Neighbouring:
@@ -853,10 +856,7 @@ class TruncatedPoissonSampledEvent(Event):
         )
         if self.max_batch_size > n:
             raise fail("max_batch_size", self.max_batch_size, f"an integer in [1, {n}]")
-        if not isinstance(self.event, Event):
-            raise fail("event", self.event, "an Event")
-        if self.event.neighbouring is not Neighbouring.ADD_REMOVE:
-            raise fail("event.neighbouring", self.event.neighbouring.value, "'add_remove'")
+        _check_inner(self.event, Neighbouring.ADD_REMOVE)
 
     @property
     def neighbouring(self) -> Neighbouring:
@@ -935,10 +935,7 @@ class RandomAllocationEvent(Event):
         k = check_int("num_selected", self.num_selected, 1)
         if k > t:
             raise fail("num_selected", k, f"an integer in [1, num_steps={t}]")
-        if not isinstance(self.event, Event):
-            raise fail("event", self.event, "an Event")
-        if self.event.neighbouring is not Neighbouring.ADD_REMOVE:
-            raise fail("event.neighbouring", self.event.neighbouring.value, "'add_remove'")
+        _check_inner(self.event, Neighbouring.ADD_REMOVE)
 
     @property
     def neighbouring(self) -> Neighbouring:
@@ -984,14 +981,11 @@ class ShuffledEvent(Event):
         b = check_int("batch_size", self.batch_size, 1)
         if b > n:
             raise fail("batch_size", b, f"an integer in [1, dataset_size={n}]")
-        if not isinstance(self.event, Event):
-            raise fail("event", self.event, "an Event")
-        if self.event.neighbouring is not Neighbouring.REPLACE_ONE:
-            raise fail(
-                "event.neighbouring",
-                self.event.neighbouring.value,
-                "'replace_one' (shuffling keeps the dataset size: replace-one neighbours)",
-            )
+        _check_inner(
+            self.event,
+            Neighbouring.REPLACE_ONE,
+            "shuffling keeps the dataset size: replace-one neighbours",
+        )
 
     @property
     def neighbouring(self) -> Neighbouring:
