@@ -81,6 +81,22 @@ class LedgerEntry:
     hash: str = ""  # link of the hash chain (hex digest); see the module docstring
 
 
+def entry_from_row(r: tuple[Any, ...], where: str) -> LedgerEntry:
+    """A stored row (index, time, event, count, cost, state_after, label, metadata, hash)."""
+    what = f"{where}: entry #{r[0]}"
+    return LedgerEntry(
+        index=int(r[0]),
+        time=str(r[1]),
+        event=loads(r[2], f"{what} (event)"),
+        count=int(r[3]),
+        cost=loads(r[4], f"{what} (cost)"),
+        state_after=loads(r[5], f"{what} (state_after)"),
+        label=r[6],
+        metadata=loads(r[7], f"{what} (metadata)"),
+        hash=str(r[8]),
+    )
+
+
 def _digest(key: bytes | None, text: str) -> str:
     data = text.encode("utf-8")
     if key is None:

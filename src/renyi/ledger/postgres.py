@@ -35,6 +35,7 @@ from renyi.ledger._base import (
     LedgerNotFoundError,
     Transaction,
     dumps,
+    entry_from_row,
     loads,
 )
 
@@ -89,23 +90,7 @@ class _PgTxn:
             "ORDER BY idx",
             (self._ledger, start),
         )
-        out = []
-        for r in self._cur.fetchall():
-            what = f"{self._where}: entry #{r[0]}"
-            out.append(
-                LedgerEntry(
-                    index=int(r[0]),
-                    time=str(r[1]),
-                    event=loads(r[2], f"{what} (event)"),
-                    count=int(r[3]),
-                    cost=loads(r[4], f"{what} (cost)"),
-                    state_after=loads(r[5], f"{what} (state_after)"),
-                    label=r[6],
-                    metadata=loads(r[7], f"{what} (metadata)"),
-                    hash=str(r[8]),
-                )
-            )
-        return out
+        return [entry_from_row(r, self._where) for r in self._cur.fetchall()]
 
     def count_entries(self) -> int:
         self._cur.execute(

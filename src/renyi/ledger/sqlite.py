@@ -36,6 +36,7 @@ from renyi.ledger._base import (
     LedgerNotFoundError,
     Transaction,
     dumps,
+    entry_from_row,
     loads,
 )
 
@@ -112,21 +113,6 @@ def _guard(where: str, action: str) -> Iterator[None]:
         raise LedgerError(_explain(where, action, exc)) from exc
 
 
-def _row_entry(r: tuple[Any, ...], where: str) -> LedgerEntry:
-    what = f"{where}: entry #{r[0]}"
-    return LedgerEntry(
-        index=int(r[0]),
-        time=str(r[1]),
-        event=loads(r[2], f"{what} (event)"),
-        count=int(r[3]),
-        cost=loads(r[4], f"{what} (cost)"),
-        state_after=loads(r[5], f"{what} (state_after)"),
-        label=r[6],
-        metadata=loads(r[7], f"{what} (metadata)"),
-        hash=str(r[8]),
-    )
-
-
 class _SQLiteTxn:
     def __init__(self, conn: sqlite3.Connection, where: str) -> None:
         self._conn = conn
@@ -140,7 +126,7 @@ class _SQLiteTxn:
         rows = self._conn.execute(
             f"SELECT {_COLUMNS} FROM entries WHERE idx >= ? ORDER BY idx", (start,)
         ).fetchall()
-        return [_row_entry(r, self._where) for r in rows]
+        return [entry_from_row(r, self._where) for r in rows]
 
     def count_entries(self) -> int:
         return int(self._conn.execute("SELECT COUNT(*) FROM entries").fetchone()[0])
