@@ -254,3 +254,16 @@ def test_status_in_user_units():
     assert st["delta"] == 1e-5 and st["releases"] == 1
     with pytest.raises(BudgetExceededError, match=r"epsilon spent from .* remains"):
         b.spend(step, 100000)
+
+
+def test_entries_without_a_bound_at_high_orders_reopen(tmp_path):
+    # an event with no RDP bound above some order (inf there): re-pricing on open compares
+    # inf with inf, which must not read as an edited state row
+    from renyi.events import RdpEvent
+
+    event = RdpEvent((2.0, 8.0, 64.0), (0.1, 0.5, math.inf))
+    path = tmp_path / "l.sqlite"
+    budget = Budget(epsilon=5.0, delta=1e-5, ledger=path)
+    budget.spend(event)
+    budget.spend(event)
+    assert len(Budget.open(path).entries()) == 2

@@ -528,7 +528,9 @@ class Budget:
         else:
             # RDP costs are recomputed from the events in floating point: a state below them
             # (beyond rounding) is refused; one above them (an older, looser renyi) is kept
-            ok = bool(np.all(stored >= spent - (1e-9 * np.abs(spent) + 1e-12)))
+            with np.errstate(invalid="ignore"):  # inf - inf where an order has no bound
+                floor = spent - (1e-9 * np.abs(spent) + 1e-12)
+            ok = bool(np.all((stored >= floor) | (stored == spent)))
             spent = np.maximum(stored, spent)  # never below what either says
         if not ok:
             shown = (
