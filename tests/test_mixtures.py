@@ -122,3 +122,10 @@ def test_event_json_and_validation() -> None:
         binomial_mixture_gaussian_rdp(0.0, 2, 0.1, [2.0])
     with pytest.raises(PrivacyParameterError, match="sampling_rate"):
         binomial_mixture_gaussian_rdp(1.0, 2, 1.5, [2.0])
+
+
+def test_value_does_not_depend_on_the_other_orders() -> None:
+    """Bit-identical whatever else is asked (a ledger re-prices entries and compares)."""
+    alone = binomial_mixture_gaussian_rdp(1.3, 4, 0.05, [3.0])
+    with_more = binomial_mixture_gaussian_rdp(1.3, 4, 0.05, [2.0, 3.0, 200.0])
+    assert alone[0] == with_more[1]

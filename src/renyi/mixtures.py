@@ -137,7 +137,10 @@ def binomial_mixture_gaussian_rdp(
     ok = np.isfinite(a) & (ceil <= max_integer_order)
     if not ok.any():
         return out
-    top = int(ceil[ok].max())
+    # always the full table: a value must not depend on the other orders of the call (the
+    # quadrature's range depends on the top order), so that a ledger re-pricing an entry gets
+    # the very same bits as the charge
+    top = max_integer_order
     rem = np.asarray(_remove_direction(sigma, k, q, top))
     add = np.asarray(_add_direction(sigma, k, q, top))
     idx = ceil[ok].astype(int)
