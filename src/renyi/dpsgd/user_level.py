@@ -18,7 +18,7 @@ comparison: it is valid but far looser (:func:`group_privacy_epsilon`).
 
 Example:
     >>> import torch
-    >>> x, y = torch.randn(12, 3), torch.randint(0, 2, (12,))
+    >>> x, y = torch.randn(12, 3), torch.arange(12) % 2
     >>> users = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2, 2, 3, 3])
     >>> data = group_by_user(x, y, users, examples_per_user=3)
     >>> tuple(data.inputs.shape), data.targets[1].tolist(), data.dropped
