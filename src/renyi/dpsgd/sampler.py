@@ -252,6 +252,22 @@ class _PrivacySamplerBase:
     def accounting_event(self, noise_multiplier: float) -> Event:  # pragma: no cover
         raise NotImplementedError
 
+    def _fixed_batch_setup(
+        self,
+        num_samples: int,
+        batch_size: int,
+        steps: int,
+        random_source: TorchRandomSource | None,
+    ) -> None:
+        """Validate and store what every fixed-batch-size sampler holds (in this order)."""
+        self.num_samples = check_int("num_samples", num_samples, 1)
+        self.batch_size = check_int("batch_size", batch_size, 1)
+        if self.batch_size > self.num_samples:
+            raise fail("batch_size", batch_size, f"an integer in [1, num_samples={num_samples}]")
+        self.steps = check_int("steps", steps, 1)
+        self.random_source = random_source if random_source is not None else SecureRandomSource()
+        self._position = 0
+
     def _batch_size(self) -> int:
         return round(self.expected_batch_size)
 
@@ -384,13 +400,7 @@ class FixedSizeSampler(_PrivacySamplerBase):
         *,
         random_source: TorchRandomSource | None = None,
     ) -> None:
-        self.num_samples = check_int("num_samples", num_samples, 1)
-        self.batch_size = check_int("batch_size", batch_size, 1)
-        if self.batch_size > self.num_samples:
-            raise fail("batch_size", batch_size, f"an integer in [1, num_samples={num_samples}]")
-        self.steps = check_int("steps", steps, 1)
-        self.random_source = random_source if random_source is not None else SecureRandomSource()
-        self._position = 0
+        self._fixed_batch_setup(num_samples, batch_size, steps, random_source)
 
     @property
     def sample_rate(self) -> float:
@@ -492,13 +502,7 @@ class _EpochSampler(_PrivacySamplerBase):
         *,
         random_source: TorchRandomSource | None = None,
     ) -> None:
-        self.num_samples = check_int("num_samples", num_samples, 1)
-        self.batch_size = check_int("batch_size", batch_size, 1)
-        if self.batch_size > self.num_samples:
-            raise fail("batch_size", batch_size, f"an integer in [1, num_samples={num_samples}]")
-        self.steps = check_int("steps", steps, 1)
-        self.random_source = random_source if random_source is not None else SecureRandomSource()
-        self._position = 0
+        self._fixed_batch_setup(num_samples, batch_size, steps, random_source)
         self._epoch = []
 
     @property
