@@ -12,7 +12,7 @@ import zlib
 import numpy as np
 import pytest
 
-import renyi.subsampling as sub
+import renyi.analysis.subsampling as sub
 from renyi.accountants import RdpAccountant
 from renyi.accountants import rdp as rdp_mod
 from renyi.conversions import rdp_to_dp

@@ -403,7 +403,7 @@ def test_kov_matches_dp_accounting_pld(eps, delta, k):
 def test_docstring_examples_run():
     import doctest
 
-    import renyi.composition as module
+    import renyi.analysis.composition as module
 
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

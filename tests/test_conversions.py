@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import renyi.closed_forms
-import renyi.conversions
-import renyi.curves
+import renyi.analysis.closed_forms
+import renyi.analysis.conversions
+import renyi.analysis.curves
 from renyi.closed_forms import gaussian_delta, gaussian_epsilon, gaussian_rdp
 from renyi.conversions import (
     group_privacy_rdp,
@@ -38,7 +38,14 @@ from renyi.errors import PrivacyParameterError
 dp_rdp = pytest.importorskip("dp_accounting.rdp.rdp_privacy_accountant")
 
 
-@pytest.mark.parametrize("module", [renyi.closed_forms, renyi.conversions, renyi.curves])
+@pytest.mark.parametrize(
+    "module",
+    [
+        renyi.analysis.closed_forms,
+        renyi.analysis.conversions,
+        renyi.analysis.curves,
+    ],
+)
 def test_docstring_examples_run(module: object) -> None:
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)  # type: ignore[arg-type]
     assert result.attempted > 0 and result.failed == 0

@@ -548,7 +548,7 @@ def test_laplace_refuses_absurd_scale_ratio():
 def test_docstring_examples_run():
     import doctest
 
-    import renyi.divergence as module
+    import renyi.analysis.divergence as module
 
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

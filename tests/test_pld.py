@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import integrate, stats
 
-import renyi.pld as pld_module
+import renyi.analysis.pld._numerics as pld_numerics
 from renyi.errors import PrivacyParameterError
 from renyi.pld import PrivacyLossDistribution as PLD
 
@@ -185,7 +185,7 @@ class PLDBoundsAt:
 
 def test_coarsening_keeps_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
     # force the "window too large" path: the grid is coarsened conservatively
-    monkeypatch.setattr(pld_module, "_MAX_BINS", 1 << 17)
+    monkeypatch.setattr(pld_numerics, "_MAX_BINS", 1 << 17)
     pld = PLD.gaussian(3.0, value_discretization_interval=1e-4).self_compose(100)
     assert pld.value_discretization_interval > 1e-4
     mu = 10 / 3.0

@@ -18,7 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import renyi.pld as pld_module
+import renyi.analysis.pld._numerics as pld_numerics
+from renyi.analysis.pld._plan import _plan
 from renyi import closed_forms
 from renyi.accountants import PldAccountant, RdpAccountant
 from renyi.calibration import calibrate_noise_multiplier
@@ -147,7 +148,7 @@ def test_ladder_digit_powers_on_a_coarser_grid(monkeypatch: pytest.MonkeyPatch) 
     # the ladder regridded a digit power (coarsened to fit) onto the finer level grid:
     # "value_discretization_interval=(0.004, 0.001) is invalid" (the calibration crash)
     step = PLD.gaussian(1.0, value_discretization_interval=1e-3)
-    monkeypatch.setattr(pld_module, "_MAX_BINS", 1 << 14)
+    monkeypatch.setattr(pld_numerics, "_MAX_BINS", 1 << 14)
     for steps in (20, 40):
         e = step.self_compose(steps, max_bins=1024).epsilon_for_delta(1e-5)
         exact = closed_forms.gaussian_epsilon(math.sqrt(steps), 1e-5)
@@ -162,7 +163,7 @@ def test_ladder_plans_compose_exactly_the_count() -> None:
         side = PLD.gaussian(sigma, value_discretization_interval=h).upper_side
         for mb in (1024, 1 << 17):
             for count in (2, 3, 7, 20, 24, 26, 100, 257, 4097, 10**5, 10**7):
-                plan = pld_module._plan(side, count, 1e-15, mb)
+                plan = _plan(side, count, 1e-15, mb)
                 total = plan.t0
                 for digit, _ in plan.levels:
                     total = total * plan.m + digit

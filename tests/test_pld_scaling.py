@@ -14,7 +14,8 @@ import math
 import numpy as np
 import pytest
 
-import renyi.pld as pld_module
+import renyi.analysis.pld as pld_module
+from renyi.analysis.pld._plan import _plan
 from renyi import closed_forms
 from renyi.accountants import PldAccountant, RdpAccountant
 from renyi.errors import PrivacyParameterError
@@ -140,7 +141,7 @@ def test_grid_size_stays_bounded_as_count_grows() -> None:
     step = PLD.subsampled_gaussian(Q, SIGMA, direction="remove")
     sizes, grids = [], []
     for steps in (10**5, 10**6, 10**7, 10**8):
-        plan = pld_module._plan(step.upper_side, steps, step.tail_mass, 1 << 17)
+        plan = _plan(step.upper_side, steps, step.tail_mass, 1 << 17)
         assert len(plan.levels) <= math.ceil(math.log(steps, 16))
         pld = step.self_compose(steps)
         sizes.append(max(pld.upper_side.size, pld.lower_side.size))
@@ -168,7 +169,7 @@ def test_digits_of_the_count_are_composed_exactly() -> None:
     mu = 3.0
     for steps in (123_457, 999_999):
         pld = PLD.gaussian(math.sqrt(steps) / mu).self_compose(steps, max_bins=1 << 14)
-        plan = pld_module._plan(
+        plan = _plan(
             PLD.gaussian(math.sqrt(steps) / mu).upper_side, steps, 1e-15, 1 << 14
         )
         assert any(d for d, _ in plan.levels)

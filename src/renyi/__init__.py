@@ -2,13 +2,14 @@
 
 The layers, lowest first (each importable on its own; see docs/architecture.md):
 
-* :mod:`renyi.divergence` — Rényi divergences of distributions.
-* :mod:`renyi.closed_forms`, :mod:`renyi.curves`, :mod:`renyi.conversions`,
-  :mod:`renyi.composition` — privacy guarantees as values, their conversions and composition.
-* :mod:`renyi.mechanisms` — noise mechanisms with secure, floating-point-safe samplers.
-* :mod:`renyi.events`, :mod:`renyi.accountants`, :mod:`renyi.calibration` — accounting.
+* :mod:`renyi.analysis` — the analysis core: event → curve / PLD (divergences, closed
+  forms, guarantees as values, conversions, composition, amplification by sampling,
+  privacy loss distributions, events that own their analyses).
+* :mod:`renyi.accountants`, :mod:`renyi.calibration` — accountants that compose events.
 * :mod:`renyi.budget`, :mod:`renyi.ledger` — budgets that refuse, and a durable record.
-* :mod:`renyi.dpsgd` (needs PyTorch), :mod:`renyi.federated`, :mod:`renyi.audit`.
+* :mod:`renyi.mechanisms`, :mod:`renyi.noise` — secure, lattice-safe noise for releases.
+* :mod:`renyi.dpsgd` (needs PyTorch), :mod:`renyi.correlated`, :mod:`renyi.federated`,
+  :mod:`renyi.audit`.
 """
 
 from renyi.accountants import (
@@ -18,7 +19,7 @@ from renyi.accountants import (
     ZcdpAccountant,
 )
 from renyi.accountants import epsilon_report as epsilon
-from renyi.closed_forms import (
+from renyi.analysis.closed_forms import (
     gaussian_delta,
     gaussian_epsilon,
     gaussian_log_delta,
@@ -27,7 +28,7 @@ from renyi.closed_forms import (
     laplace_rdp,
     randomized_response_rdp,
 )
-from renyi.curves import (
+from renyi.analysis.curves import (
     DEFAULT_ORDERS,
     ApproxDp,
     DpConversion,
@@ -36,11 +37,19 @@ from renyi.curves import (
     Zcdp,
     post_process,
 )
-from renyi.divergence import (
+from renyi.analysis.divergence import (
     gaussian_divergence,
     laplace_divergence,
     numerical_renyi_divergence,
     renyi_divergence,
+)
+from renyi.analysis.pld import PldBounds, PrivacyLossDistribution
+from renyi.analysis.subsampling import (
+    amplify_approx_dp_poisson,
+    amplify_approx_dp_without_replacement,
+    poisson_subsampled_gaussian_rdp,
+    poisson_subsampled_rdp,
+    sampled_without_replacement_gaussian_rdp,
 )
 from renyi.errors import (
     BudgetExceededError,
@@ -51,14 +60,6 @@ from renyi.errors import (
     RenyiError,
     RenyiWarning,
     UnsupportedEventError,
-)
-from renyi.pld import PldBounds, PrivacyLossDistribution
-from renyi.subsampling import (
-    amplify_approx_dp_poisson,
-    amplify_approx_dp_without_replacement,
-    poisson_subsampled_gaussian_rdp,
-    poisson_subsampled_rdp,
-    sampled_without_replacement_gaussian_rdp,
 )
 
 __version__ = "0.1.0"

@@ -34,7 +34,7 @@ Rényi differential privacy", ICLR) are future work.
 Example::
 
     >>> from renyi.budget import Budget
-    >>> from renyi.events import LaplaceEvent
+    >>> from renyi.analysis.events import LaplaceEvent
     >>> b = Budget(epsilon=1.0)
     >>> for _ in range(10):
     ...     _ = b.spend(LaplaceEvent(scale=10.0), label="count query")   # ε = 0.1 each
@@ -59,9 +59,8 @@ from numpy.typing import ArrayLike, NDArray
 from renyi._validation import check_delta, check_int, check_orders, check_positive, fail
 from renyi.accountants.rdp import RdpAccountant, event_rdp
 from renyi.accountants.zcdp import event_rho
-from renyi.curves import DEFAULT_ORDERS, RdpCurve
-from renyi.errors import BudgetExceededError, PrivacyParameterError, UnsupportedEventError
-from renyi.events import (
+from renyi.analysis.curves import DEFAULT_ORDERS, RdpCurve
+from renyi.analysis.events import (
     ApproxDpEvent,
     ComposedEvent,
     DiscreteGaussianEvent,
@@ -77,6 +76,7 @@ from renyi.events import (
     ZcdpEvent,
     from_dict,
 )
+from renyi.errors import BudgetExceededError, PrivacyParameterError, UnsupportedEventError
 from renyi.ledger import (
     CHAIN_HMAC,
     CHAIN_SHA256,
@@ -372,7 +372,7 @@ class Budget:
         """The cost of ``count`` runs of ``event`` in this budget's currency (no state change)."""
         count = check_int("count", count, 0)
         if not isinstance(event, Event):
-            raise fail("event", event, "a renyi.events.Event")
+            raise fail("event", event, "a renyi.analysis.events.Event")
         if self.kind == "pure":
             return count * event_pure_epsilon(event) if count else Fraction(0)
         if self.kind == "zcdp":
@@ -409,7 +409,7 @@ class Budget:
 
     def _epsilon_of(self, spent: NDArray[np.float64]) -> float:
         """ε at the budget's δ of an RDP total (Mironov, over the budget's fixed grid)."""
-        from renyi.conversions import rdp_to_dp_mironov
+        from renyi.analysis.conversions import rdp_to_dp_mironov
 
         if not np.any(spent > 0):
             return 0.0

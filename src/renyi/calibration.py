@@ -24,8 +24,8 @@ from scipy.optimize import brentq
 
 from renyi._validation import check_delta, check_int, check_positive, check_probability, fail
 from renyi.accountants import Accountant, EpsilonResult, PldAccountant, make_accountant
+from renyi.analysis.events import Event, dpsgd_event
 from renyi.errors import OrderAtGridEdgeWarning, PrivacyParameterError, UnsupportedEventError
-from renyi.events import Event, dpsgd_event
 
 __all__ = [
     "CalibrationResult",

@@ -84,9 +84,9 @@ def accounting_tour() -> None:
 
 
 def budget_tour() -> None:
+    from renyi.analysis.events import LaplaceEvent
     from renyi.budget import Budget
     from renyi.errors import BudgetExceededError
-    from renyi.events import LaplaceEvent
 
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "team-budget.sqlite")

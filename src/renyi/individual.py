@@ -37,9 +37,9 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from renyi._validation import check_delta, check_int, check_positive, check_probability, fail
-from renyi.conversions import rdp_to_dp
-from renyi.curves import DEFAULT_ORDERS
-from renyi.subsampling import poisson_subsampled_gaussian_rdp
+from renyi.analysis.conversions import rdp_to_dp
+from renyi.analysis.curves import DEFAULT_ORDERS
+from renyi.analysis.subsampling import poisson_subsampled_gaussian_rdp
 
 __all__ = ["IndividualRdpFilter"]
 

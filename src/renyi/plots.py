@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from renyi._validation import fail
-from renyi.composition import GaussianCompositionComparison, NoiseComparison
+from renyi.analysis.composition import GaussianCompositionComparison, NoiseComparison
 
 __all__ = ["plot_composition_comparison", "plot_noise_vs_queries", "plot_tradeoff"]
 
@@ -66,7 +66,7 @@ def plot_composition_comparison(
     composition.
 
     Example:
-        >>> from renyi.composition import compare_gaussian_composition
+        >>> from renyi.analysis.composition import compare_gaussian_composition
         >>> r = compare_gaussian_composition(200.0, 1e-5, 50)
         >>> import tempfile, os
         >>> p = plot_composition_comparison(r, os.path.join(tempfile.mkdtemp(), "c.png"))
@@ -102,7 +102,7 @@ def plot_noise_vs_queries(
     composition in zCDP or RDP, and the exact analytic-Gaussian calibration.
 
     Example:
-        >>> from renyi.composition import vectorised_vs_sequential_noise
+        >>> from renyi.analysis.composition import vectorised_vs_sequential_noise
         >>> r = vectorised_vs_sequential_noise(20, 0.1, 1e-5)
         >>> import tempfile, os
         >>> p = plot_noise_vs_queries(r, os.path.join(tempfile.mkdtemp(), "n.png"))

@@ -33,7 +33,7 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.stats import norm
 
 from renyi._validation import check_delta, fail
-from renyi.closed_forms import gaussian_mu
+from renyi.analysis.closed_forms import gaussian_mu
 
 __all__ = [
     "DEFAULT_FPRS",

@@ -5,8 +5,8 @@ composition) makes it large, ignoring it (common practice) makes the reported ε
 :func:`tune` follows Papernot & Steinke (ICLR 2022): the number of runs ``K`` is drawn from a
 truncated negative binomial (geometric by default) or Poisson distribution, each run draws its
 hyperparameters at random from the search space, and only the best run is returned. The whole
-procedure is one :class:`~renyi.events.RepeatAndSelectEvent` (priced by
-:func:`renyi.selection.repeat_and_select_rdp`), charged to an optional
+procedure is one :class:`~renyi.analysis.events.RepeatAndSelectEvent` (priced by
+:func:`renyi.analysis.selection.repeat_and_select_rdp`), charged to an optional
 :class:`~renyi.budget.Budget` as **one** ledger entry *before* any training starts, and the
 result says what it cost.
 
@@ -19,7 +19,7 @@ Conditions of the guarantee (the caller's side of the contract):
 * the search space is fixed before seeing the data.
 
 Example:
-    >>> from renyi.events import GaussianEvent
+    >>> from renyi.analysis.events import GaussianEvent
     >>> def train(config):  # a private training; returns (score, model)
     ...     return -abs(config["lr"] - 0.1), f"model(lr={config['lr']})"
     >>> result = tune(train, [{"lr": 0.01}, {"lr": 0.1}, {"lr": 1.0}],
@@ -43,10 +43,10 @@ from numpy.typing import NDArray
 
 from renyi._validation import as_real, check_int, fail
 from renyi.accountants import RdpAccountant
-from renyi.curves import DEFAULT_ORDERS
-from renyi.events import Event, RdpEvent, RepeatAndSelectEvent
+from renyi.analysis.curves import DEFAULT_ORDERS
+from renyi.analysis.events import Event, RdpEvent, RepeatAndSelectEvent
+from renyi.analysis.selection import RepetitionDistribution
 from renyi.random import get_source
-from renyi.selection import RepetitionDistribution
 
 __all__ = ["Trial", "TuningResult", "tune"]
 
@@ -73,7 +73,7 @@ class TuningResult:
     orders: NDArray[np.float64] = field(default_factory=lambda: np.asarray(DEFAULT_ORDERS))
 
     def curve(self) -> Any:
-        """The RDP curve of the whole procedure (:class:`~renyi.curves.RdpCurve`)."""
+        """The RDP curve of the whole procedure (:class:`~renyi.analysis.curves.RdpCurve`)."""
         return RdpAccountant(self.orders).compose(self.event).curve
 
     def epsilon(self, delta: float) -> float:
@@ -154,7 +154,7 @@ def tune(
 
     Returns:
         :class:`TuningResult` with ``best`` (None if K = 0), ``runs`` = K and ``event``, the
-        :class:`~renyi.events.RepeatAndSelectEvent` of the whole procedure (what the ledger
+        :class:`~renyi.analysis.events.RepeatAndSelectEvent` of the whole procedure (what the ledger
         records); ``result.epsilon(delta)`` gives its ε.
     """
     if not callable(train):

@@ -20,8 +20,7 @@ from renyi.accountants.base import Accountant, DeltaResult, EpsilonResult
 from renyi.accountants.pld import PldAccountant, event_pld
 from renyi.accountants.rdp import RdpAccountant, event_rdp
 from renyi.accountants.zcdp import ZcdpAccountant, event_rho
-from renyi.errors import RenyiError, UnsupportedEventError
-from renyi.events import (
+from renyi.analysis.events import (
     Event,
     PoissonSampledEvent,
     RandomAllocationEvent,
@@ -30,6 +29,7 @@ from renyi.events import (
     dpsgd_event,
     training_event,
 )
+from renyi.errors import RenyiError, UnsupportedEventError
 
 __all__ = [
     "ACCOUNTANTS",
@@ -156,9 +156,9 @@ def epsilon_report(
 
     Pass an ``event`` (composed once), or the DP-SGD shorthand ``noise_multiplier``,
     ``sample_rate`` and ``steps`` (Poisson-subsampled Gaussian), or ``noise_multiplier``,
-    ``steps``, ``sampling`` (one of :data:`renyi.events.SAMPLINGS`), ``dataset_size`` and
+    ``steps``, ``sampling`` (one of :data:`renyi.analysis.events.SAMPLINGS`), ``dataset_size`` and
     ``batch_size`` for the batch sampler that actually ran
-    (:func:`renyi.events.training_event`). Accountants that cannot analyse the event are
+    (:func:`renyi.analysis.events.training_event`). Accountants that cannot analyse the event are
     listed with the reason instead of failing the whole report.
 
     Example::

@@ -20,17 +20,17 @@ import math
 from collections import Counter
 from typing import Any
 
-from renyi import composition
 from renyi.accountants.base import Accountant, DeltaResult, EpsilonResult
+from renyi.analysis import composition
+from renyi.analysis.events import Event, Guarantee
 from renyi.errors import RenyiError
-from renyi.events import Event, Guarantee
 
 __all__ = ["ApproxDpAccountant", "event_approx_dp"]
 
 
 def event_approx_dp(event: Event) -> Counter[Guarantee]:
     """The (ε, δ) guarantees of one run of ``event``, as a multiset {(ε, δ): count}: the
-    event's own :meth:`~renyi.events.Event.approx_dp_guarantees`."""
+    event's own :meth:`~renyi.analysis.events.Event.approx_dp_guarantees`."""
     return event.approx_dp_guarantees()
 
 

@@ -1,6 +1,6 @@
 """The interface every accountant implements, and the results they return.
 
-An accountant consumes :mod:`renyi.events` and answers "what is ε at δ?" (and the
+An accountant consumes :mod:`renyi.analysis.events` and answers "what is ε at δ?" (and the
 inverse). The contract, shared by all accountants and tested by one suite:
 
 * ``compose(event, count)`` validates the *whole* event before changing any state: an
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
 from renyi._validation import check_delta, check_int, check_nonnegative, fail
+from renyi.analysis.events import Event, Neighbouring, from_dict
 from renyi.errors import EmptyAccountantError, UnsupportedEventError
-from renyi.events import Event, Neighbouring, from_dict
 
 __all__ = ["Accountant", "DeltaResult", "EpsilonResult"]
 
@@ -115,7 +115,7 @@ class Accountant(ABC):
 
     def _check(self, event: Event) -> Any:
         if not isinstance(event, Event):
-            raise fail("event", event, "a renyi.events.Event")
+            raise fail("event", event, "a renyi.analysis.events.Event")
         if self._neighbouring is not None and event.neighbouring is not self._neighbouring:
             raise UnsupportedEventError(
                 f"event is analysed under {event.neighbouring.value!r} neighbours but this "

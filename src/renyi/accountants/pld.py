@@ -2,7 +2,7 @@
 
 Each event becomes a privacy loss distribution (PLD) for each adjacency direction
 (``remove``: the record is in the first dataset; ``add``: in the second); compositions are
-FFT convolutions (:mod:`renyi.pld`). Answers are rigorous intervals: ``epsilon`` is the
+FFT convolutions (:mod:`renyi.analysis.pld`). Answers are rigorous intervals: ``epsilon`` is the
 verified upper bound, ``epsilon_lower`` a verified lower bound of the discretised analysis,
 ``epsilon_estimate`` their midpoint; the reported value is the max over both directions.
 
@@ -29,14 +29,14 @@ from typing import Any
 
 from renyi.accountants.base import Accountant, DeltaResult, EpsilonResult
 from renyi.accountants.rdp import RdpAccountant
+from renyi.analysis.events import DIRECTIONS, Event
+from renyi.analysis.pld import DEFAULT_MAX_BINS, PldBounds, PldGridError, PrivacyLossDistribution
 from renyi.errors import (
     OrderAtGridEdgeWarning,
     PrivacyParameterError,
     RenyiWarning,
     UnsupportedEventError,
 )
-from renyi.events import DIRECTIONS, Event
-from renyi.pld import DEFAULT_MAX_BINS, PldBounds, PldGridError, PrivacyLossDistribution
 
 __all__ = ["PldAccountant", "event_pld"]
 
@@ -51,7 +51,7 @@ def event_pld(
     max_bins: int = DEFAULT_MAX_BINS,
 ) -> Pair:
     """PLDs (remove, add) of one run of ``event`` (the same object twice when symmetric):
-    the event's own :meth:`~renyi.events.Event.pld_pair`.
+    the event's own :meth:`~renyi.analysis.events.Event.pld_pair`.
 
     ``max_bins`` caps the FFT windows of self-compositions inside the event
     (:meth:`PrivacyLossDistribution.self_compose`).
@@ -80,7 +80,7 @@ class PldAccountant(Accountant):
     Example::
 
         >>> from renyi.accountants import PldAccountant
-        >>> from renyi.events import GaussianEvent, PoissonSampledEvent
+        >>> from renyi.analysis.events import GaussianEvent, PoissonSampledEvent
         >>> acc = PldAccountant().compose(PoissonSampledEvent(0.01, GaussianEvent(1.0)), 1000)
         >>> r = acc.epsilon(1e-5)
         >>> r.epsilon_lower <= r.epsilon_estimate <= r.epsilon
@@ -96,7 +96,7 @@ class PldAccountant(Accountant):
         max_bins: int = DEFAULT_MAX_BINS,
     ) -> None:
         super().__init__()
-        # validated by building a PLD once (same checks and messages as renyi.pld)
+        # validated by building a PLD once (same checks and messages as renyi.analysis.pld)
         PrivacyLossDistribution.identity(
             value_discretization_interval=value_discretization_interval, tail_mass=tail_mass
         ).self_compose(1, max_bins=max_bins)

@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from renyi import conversions, subsampling
 from renyi._validation import check_orders
 from renyi.accountants.base import Accountant, DeltaResult, EpsilonResult
-from renyi.curves import DEFAULT_ORDERS, RdpCurve, _warn_edge
-from renyi.events import (
+from renyi.analysis import conversions, subsampling
+from renyi.analysis.curves import DEFAULT_ORDERS, RdpCurve, _warn_edge
+from renyi.analysis.events import (
     ComposedEvent,
     Event,
     GaussianEvent,
@@ -40,7 +40,7 @@ __all__ = ["RdpAccountant", "event_rdp"]
 def event_rdp(event: Event, orders: ArrayLike) -> NDArray[np.float64]:
     """RDP curve ε(α) of one run of ``event`` at ``orders`` (an upper bound at every order).
 
-    The curve is the event's own (:meth:`renyi.events.Event.rdp_epsilons`). Raises
+    The curve is the event's own (:meth:`renyi.analysis.events.Event.rdp_epsilons`). Raises
     :class:`UnsupportedEventError` for events without an RDP analysis (e.g. an (ε, δ)-DP
     guarantee with δ > 0, which implies no finite RDP bound).
     """
@@ -96,7 +96,7 @@ class _Times:
 
 def _symbolic(event: Event, a: NDArray[np.float64]) -> Any:
     """The cost of ``event`` on the grid ``a``: a dense array (computed now by the event's
-    :meth:`~renyi.events.Event.rdp_epsilons`, so every error is raised here) or a tree of
+    :meth:`~renyi.analysis.events.Event.rdp_epsilons`, so every error is raised here) or a tree of
     :class:`_Sum` / :class:`_Times` over :class:`_Sampled` leaves and dense arrays.
 
     Only the evaluation order differs from the event's own curve: the composition operators
@@ -153,7 +153,7 @@ class _GridInfo:
     """Order-dependent helpers of a grid: the orders evaluated first (``_FIRST_INTEGERS``, or
     every 8th order if the grid has fewer than 4 of them, and inf) and the order-only parts of
     the conversion of Balle et al. 2020, Thm. 21 (the same operations as
-    :func:`renyi.conversions.rdp_to_dp`)."""
+    :func:`renyi.analysis.conversions.rdp_to_dp`)."""
 
     def __init__(self, a: NDArray[np.float64]) -> None:
         finite = np.isfinite(a)
@@ -250,7 +250,7 @@ class RdpAccountant(Accountant):
     Example::
 
         >>> from renyi.accountants import RdpAccountant
-        >>> from renyi.events import GaussianEvent, PoissonSampledEvent
+        >>> from renyi.analysis.events import GaussianEvent, PoissonSampledEvent
         >>> acc = RdpAccountant()
         >>> acc = acc.compose(PoissonSampledEvent(256 / 60000, GaussianEvent(1.1)), count=14100)
         >>> res = acc.epsilon(1e-5)   # res.epsilon ≈ 3.0, res.order is the best Rényi order

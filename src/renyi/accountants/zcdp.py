@@ -9,15 +9,15 @@ RDP or PLD accountant for DP-SGD; this one shows what ignoring amplification cos
 from __future__ import annotations
 
 from renyi.accountants.base import Accountant, DeltaResult, EpsilonResult
-from renyi.curves import Zcdp
-from renyi.events import Event
+from renyi.analysis.curves import Zcdp
+from renyi.analysis.events import Event
 
 __all__ = ["ZcdpAccountant", "event_rho"]
 
 
 def event_rho(event: Event) -> float:
     """ρ such that one run of ``event`` is ρ-zCDP (an upper bound): the event's own
-    :meth:`~renyi.events.Event.zcdp_rho`."""
+    :meth:`~renyi.analysis.events.Event.zcdp_rho`."""
     return event.zcdp_rho()
 
 

@@ -49,10 +49,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from renyi._validation import check_delta, check_int, check_positive, check_range, fail
+from renyi.analysis.closed_forms import gaussian_epsilon, gaussian_rdp
+from renyi.analysis.curves import DEFAULT_ORDERS, RdpCurve
 from renyi.audit.blackbox import AuditResult, audit_samples
 from renyi.audit.stats import one_run_epsilon_lower_bound
-from renyi.closed_forms import gaussian_epsilon, gaussian_rdp
-from renyi.curves import DEFAULT_ORDERS, RdpCurve
 
 __all__ = [
     "BUGS",
@@ -130,11 +130,11 @@ def accountant_epsilons(
 
     Full batch (``sample_rate = 1``): ``"exact"``, the T-fold Gaussian mechanism is the
     Gaussian mechanism with ``mu = sqrt(T) / sigma`` (Dong, Roth & Su 2019, Cor. 3.3), exact
-    epsilon by :func:`renyi.closed_forms.gaussian_epsilon` (Balle & Wang 2018, Thm. 8);
+    epsilon by :func:`renyi.analysis.closed_forms.gaussian_epsilon` (Balle & Wang 2018, Thm. 8);
     ``"rdp"``, the RDP curve ``T alpha / (2 sigma^2)`` (Mironov 2017, Prop. 7) converted by
-    :meth:`renyi.curves.RdpCurve.to_dp` (Balle et al. 2020, Thm. 21). ``"pld"`` (when
+    :meth:`renyi.analysis.curves.RdpCurve.to_dp` (Balle et al. 2020, Thm. 21). ``"pld"`` (when
     ``pld=True``, always for ``sample_rate < 1``): the rigorous upper end of
-    :class:`renyi.pld.PrivacyLossDistribution` for the (Poisson-subsampled) Gaussian, the
+    :class:`renyi.analysis.pld.PrivacyLossDistribution` for the (Poisson-subsampled) Gaussian, the
     larger of the add and remove directions.
 
     Example:
@@ -152,7 +152,7 @@ def accountant_epsilons(
         curve = RdpCurve(DEFAULT_ORDERS, t * gaussian_rdp(s, DEFAULT_ORDERS))
         out["rdp"] = float(curve.to_dp(d).epsilon)
     if pld or q < 1.0:
-        from renyi.pld import PrivacyLossDistribution as Pld
+        from renyi.analysis.pld import PrivacyLossDistribution as Pld
 
         if q == 1.0:
             dists = [Pld.gaussian(s)]

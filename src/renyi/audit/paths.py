@@ -41,7 +41,7 @@ Path = tuple[Callable[[Any, int, Any], Any], Any, Any, float, float, str]
 def _dpsgd(sigma: float, dtype: str, delta: float) -> Path:
     import torch
 
-    from renyi.closed_forms import gaussian_epsilon
+    from renyi.analysis.closed_forms import gaussian_epsilon
     from renyi.dpsgd.optimizer import DPOptimizer
     from renyi.dpsgd.sampler import PoissonSampler
 
@@ -84,7 +84,7 @@ def _mean(kind: str, k: int, epsilon: float, delta: float) -> Path:
 
 
 def _fedavg(sigma: float, delta: float) -> Path:
-    from renyi.closed_forms import gaussian_epsilon
+    from renyi.analysis.closed_forms import gaussian_epsilon
     from renyi.federated.fedavg import DpFedAvg
 
     def mech(x: Any, size: int, rng: Any) -> Any:
@@ -105,7 +105,7 @@ def _fedavg(sigma: float, delta: float) -> Path:
 
 
 def _planted(kind: str, sigma: float, delta: float) -> Path:
-    from renyi.closed_forms import gaussian_epsilon
+    from renyi.analysis.closed_forms import gaussian_epsilon
 
     def mech(x: Any, size: int, rng: Any) -> Any:
         if kind == "numpy-normal":

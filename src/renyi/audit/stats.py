@@ -42,7 +42,7 @@ from numpy.typing import ArrayLike, NDArray
 from scipy import stats
 
 from renyi._validation import check_int, check_orders, check_range, fail
-from renyi.divergence import renyi_divergence
+from renyi.analysis.divergence import renyi_divergence
 
 __all__ = [
     "EpsilonLowerBound",

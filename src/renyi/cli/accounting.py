@@ -6,9 +6,9 @@ import argparse
 from typing import Any
 
 from renyi.accountants import ACCOUNTANTS, EpsilonReport, epsilon_report, make_accountant
+from renyi.analysis.events import SAMPLINGS, Event, training_event
 from renyi.calibration import calibrate_noise_multiplier, dpsgd_event, epochs_to_steps
 from renyi.cli._output import format_table, print_json
-from renyi.events import SAMPLINGS, Event, training_event
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -110,7 +110,7 @@ def _training(args: argparse.Namespace) -> tuple[Event | None, dict[str, Any]]:
 def _lower_bounds(args: argparse.Namespace, meta: dict[str, Any]) -> list[dict[str, Any]]:
     """Proven lower bounds for the one-batch-per-epoch samplers (and what Poisson accounting
     of the same run would claim, for shuffling)."""
-    from renyi.allocation import one_of_t_epsilon_lower_bound
+    from renyi.analysis.allocation import one_of_t_epsilon_lower_bound
 
     sampling = meta["sampling"]
     if sampling not in ("shuffle", "random-allocation"):

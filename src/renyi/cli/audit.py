@@ -135,8 +135,8 @@ def _release_path(args: argparse.Namespace, delta: float) -> tuple[Any, Any, Any
 def _mechanism(args: argparse.Namespace, delta: float) -> tuple[Any, Any, Any, float, str]:
     if args.name in _PATHS:
         return _release_path(args, delta)
+    from renyi.analysis.closed_forms import gaussian_epsilon
     from renyi.audit.blackbox import vectorised
-    from renyi.closed_forms import gaussian_epsilon
     from renyi.mechanisms import (
         DiscreteGaussianMechanism,
         DiscreteLaplaceMechanism,
@@ -202,7 +202,7 @@ def _mechanism(args: argparse.Namespace, delta: float) -> tuple[Any, Any, Any, f
 
 def _claimed_rdp(args: argparse.Namespace, orders: Any) -> Any:
     """The claimed RDP curve of the (bug-free) mechanism at ``orders``."""
-    from renyi.closed_forms import gaussian_rdp, laplace_rdp
+    from renyi.analysis.closed_forms import gaussian_rdp, laplace_rdp
     from renyi.mechanisms import (
         DiscreteGaussianMechanism,
         DiscreteLaplaceMechanism,

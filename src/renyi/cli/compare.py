@@ -2,10 +2,10 @@
 
 * ``renyi compare --sigma 200 --delta 1e-5 --iterations 500 [--order 60]``: epsilon after k
   Gaussian releases under advanced composition, zCDP, RDP at a fixed order, RDP at the best
-  order and the exact value (:func:`renyi.composition.compare_gaussian_composition`).
+  order and the exact value (:func:`renyi.analysis.composition.compare_gaussian_composition`).
 * ``renyi compare --noise-vs-queries [--epsilon 0.1] [--delta 1e-5] [--queries 100]``: noise
   needed for k queries, sequential vs vectorised
-  (:func:`renyi.composition.vectorised_vs_sequential_noise`).
+  (:func:`renyi.analysis.composition.vectorised_vs_sequential_noise`).
 
 ``--plot PATH`` writes the figure (needs matplotlib); ``--json`` prints one JSON object whose
 ``series`` holds every k computed: the table's k values, plus up to 400 evenly spaced ones
@@ -19,13 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from renyi.cli._output import format_table, print_json
-from renyi.composition import (
+from renyi.analysis.composition import (
     GaussianCompositionComparison,
     NoiseComparison,
     compare_gaussian_composition,
     vectorised_vs_sequential_noise,
 )
+from renyi.cli._output import format_table, print_json
 
 _SHORT = {
     "book_advanced": "adv(book)",

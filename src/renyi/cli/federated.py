@@ -105,7 +105,7 @@ def _rng(seed: int | None) -> Any:
 
 def _aggregate(args: argparse.Namespace) -> int:
     from renyi.accountants import RdpAccountant
-    from renyi.events import GaussianEvent, Neighbouring
+    from renyi.analysis.events import GaussianEvent, Neighbouring
     from renyi.federated.aggregation import (
         compare_aggregation,
         reported_epsilon,
@@ -386,7 +386,7 @@ def _gopa_run(args: argparse.Namespace) -> int:
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     from renyi._validation import check_int
-    from renyi.closed_forms import gaussian_epsilon
+    from renyi.analysis.closed_forms import gaussian_epsilon
     from renyi.federated.gopa import calibrate_gopa, recommended_peers
 
     # without flwr this raises ImportError naming `pip install 'renyi[flower]'` (cli.main shows it)

@@ -13,9 +13,7 @@ import argparse
 import os
 from typing import Any
 
-from renyi.budget import Budget
-from renyi.cli._output import format_table, print_json
-from renyi.events import (
+from renyi.analysis.events import (
     Event,
     GaussianEvent,
     LaplaceEvent,
@@ -23,6 +21,8 @@ from renyi.events import (
     PureDpEvent,
     from_json,
 )
+from renyi.budget import Budget
+from renyi.cli._output import format_table, print_json
 
 _LEDGER_HELP = "ledger: a SQLite file path or a postgresql:// URL (key: $RENYI_LEDGER_KEY)"
 
@@ -67,7 +67,7 @@ def register(sub: Any) -> None:
 
 def _event_flags(p: argparse.ArgumentParser) -> None:
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--event", help="an event as JSON (renyi.events Event.to_json())")
+    what.add_argument("--event", help="an event as JSON (renyi.analysis.events Event.to_json())")
     what.add_argument("--pure-epsilon", type=float, help="a pure ε-DP release (ε > 0)")
     what.add_argument("--laplace-scale", type=float, help="Laplace, scale / L1 sensitivity (> 0)")
     what.add_argument(

@@ -52,7 +52,7 @@ def _selection_epsilon(
     sigma: float, q: float, steps: int, mean: float, shape: float, d: float
 ) -> tuple[float, Any]:
     from renyi.accountants import RdpAccountant
-    from renyi.events import RepeatAndSelectEvent, SelfComposedEvent, dpsgd_event
+    from renyi.analysis.events import RepeatAndSelectEvent, SelfComposedEvent, dpsgd_event
 
     run = SelfComposedEvent(dpsgd_event(sigma, q), steps)
     event = RepeatAndSelectEvent(run, mean, shape)
@@ -65,13 +65,13 @@ def run(args: argparse.Namespace) -> int:
 
     from renyi._validation import check_int, check_positive, fail
     from renyi.accountants import RdpAccountant
+    from renyi.analysis.selection import RepetitionDistribution
     from renyi.calibration import epochs_to_steps
     from renyi.cli.train import build_model
     from renyi.dpsgd.data import load_digits
     from renyi.dpsgd.privacy import make_private
     from renyi.dpsgd.trainer import Trainer, evaluate
     from renyi.errors import PrivacyParameterError
-    from renyi.selection import RepetitionDistribution
     from renyi.tuning import tune
 
     started = time.perf_counter()

@@ -29,10 +29,10 @@ from typing import Any, Literal
 
 from renyi._validation import check_int, check_positive, check_probability, fail
 from renyi.accountants import Accountant, make_accountant
+from renyi.analysis.events import Event, GaussianEvent, PoissonSampledEvent, SelfComposedEvent
 from renyi.calibration import CalibrationResult, calibrate_noise_multiplier
 from renyi.correlated.sensitivity import Sensitivity
 from renyi.correlated.strategies import Strategy
-from renyi.events import Event, GaussianEvent, PoissonSampledEvent, SelfComposedEvent
 
 __all__ = ["CorrelatedPlan", "calibrate_correlated", "correlated_plan"]
 

@@ -42,6 +42,7 @@ import torch
 from torch.utils.data import Dataset
 
 from renyi._validation import check_delta, check_int, check_positive, fail
+from renyi.analysis.events import Event, GaussianEvent, Neighbouring, PoissonSampledEvent
 from renyi.calibration import CalibrationResult, epochs_to_steps
 from renyi.correlated.accounting import (
     CorrelatedPlan,
@@ -60,7 +61,6 @@ from renyi.dpsgd.sampler import (
     _PrivacySamplerBase,
     make_random_source,
 )
-from renyi.events import Event, GaussianEvent, Neighbouring, PoissonSampledEvent
 
 __all__ = [
     "NOISE_KINDS",

@@ -45,10 +45,10 @@ from torch import nn
 
 from renyi import noise
 from renyi._validation import check_delta, check_positive, fail
+from renyi.analysis.events import GaussianEvent, PoissonSampledEvent, SelfComposedEvent
 from renyi.calibration import calibrate_noise_multiplier, epochs_to_steps
 from renyi.dpsgd.clipping import ClippedGradientEngine
 from renyi.dpsgd.sampler import SecureRandomSource, SeededRandomSource
-from renyi.events import GaussianEvent, PoissonSampledEvent, SelfComposedEvent
 from renyi.individual import IndividualRdpFilter
 
 __all__ = ["IndividualSensitivityError", "IndividualTraining", "train_individual"]

@@ -42,9 +42,9 @@ from typing import Any, Protocol
 import torch
 
 from renyi._validation import check_int, check_positive, fail
+from renyi.analysis.events import Event, Neighbouring
 from renyi.dpsgd.grad_sample import NonFiniteGradientError
 from renyi.errors import BudgetExceededError, RenyiError
-from renyi.events import Event, Neighbouring
 
 __all__ = [
     "BudgetHook",

@@ -14,7 +14,7 @@ Two samplers, each paired with the accounting event that matches it:
   noise multiplier relative to that sensitivity is ``σ/2``.
 
 Three more, each recording the event it implies (:meth:`training_event`, the single source
-being :func:`renyi.events.training_event`):
+being :func:`renyi.analysis.events.training_event`):
 
 * :class:`TruncatedPoissonSampler` — Poisson, batches cut to ``max_batch_size`` (as
   jax_privacy); per step ``TruncatedPoissonSampledEvent`` (add/remove).
@@ -57,8 +57,7 @@ import torch
 
 from renyi import random as rrandom
 from renyi._validation import check_int, check_range, fail
-from renyi.errors import UnsupportedEventError
-from renyi.events import (
+from renyi.analysis.events import (
     Event,
     GaussianEvent,
     Neighbouring,
@@ -68,6 +67,7 @@ from renyi.events import (
     default_max_batch_size,
     training_event,
 )
+from renyi.errors import UnsupportedEventError
 
 __all__ = [
     "BallsInBinsSampler",
@@ -247,7 +247,7 @@ class _PrivacySamplerBase:
     def expected_batch_size(self) -> float:  # pragma: no cover - overridden
         raise NotImplementedError
 
-    sampling: str  # the name of renyi.events.training_event's sampler
+    sampling: str  # the name of renyi.analysis.events.training_event's sampler
 
     def accounting_event(self, noise_multiplier: float) -> Event:  # pragma: no cover
         raise NotImplementedError
@@ -276,7 +276,7 @@ class _PrivacySamplerBase:
 
     def training_event(self, noise_multiplier: float, steps: int | None = None) -> Event:
         """The event of ``steps`` steps (default: one pass, ``len(self)``) with this sampler:
-        :func:`renyi.events.training_event` for this sampler's kind and parameters."""
+        :func:`renyi.analysis.events.training_event` for this sampler's kind and parameters."""
         return training_event(
             self.sampling,
             noise_multiplier,
@@ -433,7 +433,7 @@ class TruncatedPoissonSampler(PoissonSampler):
     Each example joins w.p. ``sample_rate``; a batch larger than ``max_batch_size`` is cut
     to a uniformly random subset of ``max_batch_size``. Per step
     ``TruncatedPoissonSampledEvent`` (add/remove). ``max_batch_size`` defaults to
-    :func:`renyi.events.default_max_batch_size` of the expected batch size.
+    :func:`renyi.analysis.events.default_max_batch_size` of the expected batch size.
 
     Example:
         >>> s = TruncatedPoissonSampler(num_samples=100, sample_rate=0.1, steps=3,
@@ -468,7 +468,7 @@ class TruncatedPoissonSampler(PoissonSampler):
         return max(1, round(self.expected_batch_size))
 
     def training_event(self, noise_multiplier: float, steps: int | None = None) -> Event:
-        from renyi.events import SelfComposedEvent
+        from renyi.analysis.events import SelfComposedEvent
 
         return SelfComposedEvent(
             self.accounting_event(noise_multiplier), self.steps if steps is None else steps
@@ -583,7 +583,7 @@ class ShuffleSampler(_EpochSampler):
 
     Accounted per epoch as ``ShuffledEvent`` under replace-one: the proven bound is one
     Gaussian run per epoch, **without** amplification (no tighter sound analysis is known;
-    :func:`renyi.allocation.one_of_t_epsilon_lower_bound` shows how much privacy shuffling
+    :func:`renyi.analysis.allocation.one_of_t_epsilon_lower_bound` shows how much privacy shuffling
     provably lacks). It never reports a Poisson ε.
 
     Example:

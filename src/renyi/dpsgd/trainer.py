@@ -27,8 +27,8 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from renyi._validation import check_int, fail
+from renyi.analysis.events import Event
 from renyi.dpsgd.privacy import PrivateTraining
-from renyi.events import Event
 
 __all__ = ["TrainHistory", "Trainer", "evaluate", "spent_epsilon_curve", "train_non_private"]
 

@@ -10,7 +10,7 @@ to at most ``examples_per_user`` examples (:func:`group_by_user`):
   ordinary DP-SGD: the accounting is the Poisson-subsampled Gaussian at user level.
 * **ELS** (example-level sampling): examples are Poisson-sampled and clipped as usual; a
   user's ``k`` examples add ``Binomial(k, q)`` clipped gradients, priced by
-  :class:`renyi.events.PoissonSampledGroupEvent` (the binomial mixture of Gaussians). The
+  :class:`renyi.analysis.events.PoissonSampledGroupEvent` (the binomial mixture of Gaussians). The
   noise is calibrated to the *user-level* target.
 
 Group privacy applied to example-level DP-SGD (the textbook answer) is also reported, for
@@ -38,16 +38,16 @@ from torch import nn
 
 from renyi._validation import check_delta, check_int, check_positive, fail
 from renyi.accountants import RdpAccountant
-from renyi.calibration import epochs_to_steps
-from renyi.conversions import group_privacy_rdp, rdp_to_dp
-from renyi.errors import PrivacyParameterError
-from renyi.events import (
+from renyi.analysis.conversions import group_privacy_rdp, rdp_to_dp
+from renyi.analysis.events import (
     Event,
     GaussianEvent,
     PoissonSampledEvent,
     PoissonSampledGroupEvent,
     SelfComposedEvent,
 )
+from renyi.calibration import epochs_to_steps
+from renyi.errors import PrivacyParameterError
 
 __all__ = [
     "PAD_TARGET",

@@ -18,7 +18,7 @@ Here ``mu`` is the Gaussian "sensitivity over sigma" ratio that meets the target
   classic value is accepted only after the exact analytic Gaussian privacy profile (Balle &
   Wang 2018, Theorem 8) confirms it;
 * ``calibration="analytic"``: the exact analytic Gaussian (Balle & Wang 2018, Theorem 8),
-  ``renyi.closed_forms.gaussian_mu``; both estimates shrink by the same factor.
+  ``renyi.analysis.closed_forms.gaussian_mu``; both estimates shrink by the same factor.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from numpy.typing import ArrayLike, NDArray
 from renyi import noise
 from renyi._validation import check_delta, check_int, check_nonnegative, check_positive, fail
 from renyi.accountants import Accountant, EpsilonResult, make_accountant
-from renyi.closed_forms import classic_gaussian_constant, gaussian_delta, gaussian_mu
-from renyi.events import GaussianEvent, Neighbouring
+from renyi.analysis.closed_forms import classic_gaussian_constant, gaussian_delta, gaussian_mu
+from renyi.analysis.events import GaussianEvent, Neighbouring
 from renyi.random import get_source
 
 __all__ = [

@@ -50,7 +50,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from renyi._validation import check_int, check_orders, check_positive, fail
-from renyi.events import Event, Neighbouring
+from renyi.analysis.events import Event, Neighbouring
 from renyi.federated.channels import (
     ChaCha20Source,
     EphemeralSession,

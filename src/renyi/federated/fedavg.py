@@ -39,7 +39,7 @@ from numpy.typing import ArrayLike, NDArray
 from renyi import noise
 from renyi._validation import check_delta, check_int, check_positive, check_probability, fail
 from renyi.accountants import Accountant, EpsilonResult, make_accountant
-from renyi.events import (
+from renyi.analysis.events import (
     Event,
     GaussianEvent,
     Neighbouring,

@@ -99,9 +99,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without flwr
 
 from renyi._validation import check_delta, check_int, check_positive, fail
 from renyi.accountants import Accountant, EpsilonResult, make_accountant
+from renyi.analysis.events import Event
 from renyi.budget import Budget
 from renyi.errors import BudgetExceededError, UnsupportedEventError
-from renyi.events import Event
 from renyi.federated.fedavg import DpFedAvg, fedavg_event, row_norms
 from renyi.random import get_source
 

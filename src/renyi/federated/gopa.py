@@ -49,7 +49,7 @@ import scipy.sparse.csgraph
 from numpy.typing import ArrayLike, NDArray
 
 from renyi._validation import check_int, check_nonnegative, check_positive, check_range, fail
-from renyi.closed_forms import gaussian_delta, gaussian_epsilon, gaussian_rdp
+from renyi.analysis.closed_forms import gaussian_delta, gaussian_epsilon, gaussian_rdp
 from renyi.federated.aggregation import (
     Calibration,
     check_values,

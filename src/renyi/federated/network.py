@@ -47,8 +47,8 @@ from numpy.typing import ArrayLike, NDArray
 from scipy import optimize
 
 from renyi._validation import check_delta, check_int, check_nonnegative, check_positive, fail
-from renyi.closed_forms import classic_gaussian_constant, gaussian_delta, gaussian_epsilon
-from renyi.composition import compose_advanced, drv_epsilon
+from renyi.analysis.closed_forms import classic_gaussian_constant, gaussian_delta, gaussian_epsilon
+from renyi.analysis.composition import compose_advanced, drv_epsilon
 from renyi.federated.aggregation import gaussian_noise
 from renyi.random import get_source
 

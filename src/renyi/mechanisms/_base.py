@@ -21,9 +21,9 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from renyi._validation import as_real, check_delta, check_positive, fail
-from renyi.curves import DEFAULT_ORDERS, RdpCurve
+from renyi.analysis.curves import DEFAULT_ORDERS, RdpCurve
+from renyi.analysis.events import Event
 from renyi.errors import PrivacyParameterError
-from renyi.events import Event
 
 __all__ = ["GRANULARITY_BITS", "Calibration", "Mechanism"]
 

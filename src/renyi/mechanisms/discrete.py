@@ -38,10 +38,10 @@ from scipy import optimize
 from scipy.special import logsumexp
 
 from renyi._validation import check_delta, check_int, check_nonnegative, fail
-from renyi.closed_forms import gaussian_delta, gaussian_epsilon, gaussian_mu
-from renyi.conversions import zcdp_max_rho
-from renyi.curves import DEFAULT_ORDERS, PureDp, RdpCurve, Zcdp
-from renyi.events import DiscreteGaussianEvent, DiscreteLaplaceEvent, Event
+from renyi.analysis.closed_forms import gaussian_delta, gaussian_epsilon, gaussian_mu
+from renyi.analysis.conversions import zcdp_max_rho
+from renyi.analysis.curves import DEFAULT_ORDERS, PureDp, RdpCurve, Zcdp
+from renyi.analysis.events import DiscreteGaussianEvent, DiscreteLaplaceEvent, Event
 from renyi.mechanisms._base import (
     Calibration,
     Mechanism,

@@ -42,8 +42,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from renyi._validation import check_delta, check_positive, fail
-from renyi.curves import DEFAULT_ORDERS, PureDp, RdpCurve
-from renyi.events import Event, PureDpEvent
+from renyi.analysis.curves import DEFAULT_ORDERS, PureDp, RdpCurve
+from renyi.analysis.events import Event, PureDpEvent
 from renyi.mechanisms._base import Calibration, Mechanism, as_values, parse_target
 from renyi.mechanisms.discrete import _limit, pure_achieved, pure_epsilon_for
 from renyi.random import RandomSource, get_source

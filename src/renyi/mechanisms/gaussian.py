@@ -51,10 +51,10 @@ from renyi._validation import (
     check_positive,
     fail,
 )
-from renyi.closed_forms import classic_gaussian_sigma, gaussian_mu, gaussian_rdp
-from renyi.conversions import zcdp_max_rho
-from renyi.curves import DEFAULT_ORDERS, RdpCurve, Zcdp
-from renyi.events import DiscreteGaussianEvent, Event
+from renyi.analysis.closed_forms import classic_gaussian_sigma, gaussian_mu, gaussian_rdp
+from renyi.analysis.conversions import zcdp_max_rho
+from renyi.analysis.curves import DEFAULT_ORDERS, RdpCurve, Zcdp
+from renyi.analysis.events import DiscreteGaussianEvent, Event
 from renyi.mechanisms._base import (
     Calibration,
     Mechanism,

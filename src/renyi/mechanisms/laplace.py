@@ -39,8 +39,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from renyi._validation import check_delta, check_int, check_positive
-from renyi.curves import DEFAULT_ORDERS, RdpCurve
-from renyi.events import DiscreteLaplaceEvent, Event
+from renyi.analysis.curves import DEFAULT_ORDERS, RdpCurve
+from renyi.analysis.events import DiscreteLaplaceEvent, Event
 from renyi.mechanisms._base import (
     Calibration,
     Mechanism,

@@ -12,7 +12,7 @@ respondent's value changes" (replace-one on a single record).
 * :class:`KaryRandomizedResponse`: ``k`` categories, the truth with probability ``p`` and
   each other category with probability ``q = (1 - p) / (k - 1)``; ``p`` in ``(1/k, 1)``. Pure
   ``epsilon = log(p / q)``; RDP by the exact divergence of the two worst-case output
-  distributions (:func:`renyi.divergence.renyi_divergence`); exact
+  distributions (:func:`renyi.analysis.divergence.renyi_divergence`); exact
   ``delta(eps) = max(0, p - e^eps q)``.
 
 Sampling is exact: ``p`` is used at its exact rational (binary) value in integer Bernoulli
@@ -40,10 +40,10 @@ from numpy.typing import ArrayLike, NDArray
 from scipy import optimize
 
 from renyi._validation import check_delta, check_int, check_range, fail
-from renyi.closed_forms import randomized_response_rdp
-from renyi.curves import DEFAULT_ORDERS, RdpCurve
-from renyi.divergence import renyi_divergence
-from renyi.events import Event, PureDpEvent, RandomizedResponseEvent
+from renyi.analysis.closed_forms import randomized_response_rdp
+from renyi.analysis.curves import DEFAULT_ORDERS, RdpCurve
+from renyi.analysis.divergence import renyi_divergence
+from renyi.analysis.events import Event, PureDpEvent, RandomizedResponseEvent
 from renyi.mechanisms._base import (
     Calibration,
     Mechanism,
@@ -106,7 +106,7 @@ class RandomizedResponse(Mechanism):
         return out.item() if scalar else out
 
     def rdp(self, orders: ArrayLike = DEFAULT_ORDERS) -> RdpCurve:
-        """Mironov 2017, Table II (:func:`renyi.closed_forms.randomized_response_rdp`)."""
+        """Mironov 2017, Table II (:func:`renyi.analysis.closed_forms.randomized_response_rdp`)."""
         return RdpCurve.from_function(lambda a: randomized_response_rdp(self.p, a), orders)
 
     def epsilon(self, delta: float) -> float:

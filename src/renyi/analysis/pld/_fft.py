@@ -1,0 +1,261 @@
+"""Rigorous FFT composition: tracked error terms, tilted transforms and powers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from scipy import fft as sfft
+
+from renyi.analysis.pld._numerics import (
+    _DELTA_REFS,
+    _EXT,
+    _FFT_C,
+    _S_GRID,
+    _SMALL_POWER,
+    _U,
+    _U_EXT,
+    FloatArray,
+    _lse,
+)
+
+if TYPE_CHECKING:
+    from renyi.analysis.pld._side import _Side
+
+
+# ---------------------------------------------------------------------------------------
+# error terms: bounds on sum_i |e_i| exp(lam L_i) for an error vector e supported in [lo, hi]
+
+
+@dataclass(frozen=True)
+class _ErrTerm:
+    """A bound on one error vector ``e`` supported on losses in ``[lo, hi]``.
+
+    For each alternative ``(lam, log_w)``: ``sum_i |e_i| exp(lam L_i) <= exp(log_w)``,
+    ``lam >= 0``. Any alternative is valid; the tightest is used.
+    """
+
+    lams: tuple[float, ...]
+    log_ws: tuple[float, ...]
+    lo: float
+    hi: float
+
+    def at(self, lam: float) -> float:
+        """The bound re-expressed for weight ``exp(lam L)`` (rigorous through the range)."""
+        best = np.inf
+        for lt, lw in zip(self.lams, self.log_ws, strict=True):
+            d = lam - lt
+            ref = self.hi if d > 0 else self.lo
+            best = min(best, lw + d * ref if d != 0 else lw)
+        return float(best)
+
+    def delta_error(self, eps: FloatArray) -> FloatArray:
+        """Bound on the change of ``delta(eps)`` this error can cause (only ``L > eps`` count)."""
+        x = np.maximum(np.minimum(eps, self.hi), self.lo)
+        with np.errstate(over="ignore"):
+            if len(self.lams) == 1:
+                best = np.exp(self.log_ws[0] - self.lams[0] * x)
+            else:
+                lams, log_ws = self.arrays
+                best = np.exp(np.min(log_ws[:, None] - lams[:, None] * np.ravel(x), axis=0))
+        return np.where(eps >= self.hi, 0.0, np.reshape(best, np.shape(eps)))
+
+    @cached_property
+    def arrays(self) -> tuple[FloatArray, FloatArray]:
+        return np.asarray(self.lams, dtype=np.float64), np.asarray(self.log_ws, dtype=np.float64)
+
+
+def _term(
+    lams: Sequence[float] | FloatArray, log_ws: Sequence[float] | FloatArray, lo: float, hi: float
+) -> _ErrTerm:
+    return _ErrTerm(tuple(float(v) for v in lams), tuple(float(v) for v in log_ws), lo, hi)
+
+
+def _merge(terms: Sequence[_ErrTerm], limit: int = 12) -> tuple[_ErrTerm, ...]:
+    """Drop empty terms; if there are too many, fuse them into one (summing the bounds)."""
+    terms = [t for t in terms if np.any(np.asarray(t.log_ws) > -np.inf)]
+    if len(terms) <= limit:
+        return tuple(terms)
+    lams = sorted({lt for t in terms for lt in t.lams})
+    lo, hi = min(t.lo for t in terms), max(t.hi for t in terms)
+    log_ws = [_lse([t.at(lam) for t in terms]) for lam in lams]
+    return (_term(lams, log_ws, lo, hi),)
+
+
+def _fft_level_error(n: int, u: float = _U) -> float:
+    """Per-coefficient absolute error of an FFT of length ``n`` per unit of input L1 norm.
+
+    An a-priori model: every output of a length-``n`` FFT passes through about ``log2 n``
+    butterfly levels, each adding a relative error of a few units of round-off to partial
+    sums bounded by the input's L1 norm (cf. Higham, *Accuracy and Stability of Numerical
+    Algorithms*, 2nd ed., Sec. 24.1); ``_FFT_C`` leaves a generous margin.
+    """
+    return _FFT_C * u * (math.log2(max(n, 2)) + 1.0)
+
+
+def _rfft_weights(n_fft: int, size: int) -> FloatArray:
+    """Multiplicity of each rfft bin in the full spectrum."""
+    w = np.full(size, 2.0)
+    w[0] = 1.0
+    if n_fft % 2 == 0:
+        w[-1] = 1.0
+    return w
+
+
+def _tilts(log_mgf_pos: FloatArray, count: int, tilt: float | None) -> list[float]:
+    """Exponential tilts used for one composition: 0 plus the Chernoff-optimal orders for a
+    spread of reference deltas (so the round-off is relative wherever delta is evaluated)."""
+    if tilt is not None:
+        return sorted({0.0, float(tilt)})
+    lams = {0.0}
+    for ref in _DELTA_REFS:
+        with np.errstate(invalid="ignore"):
+            eps = (count * log_mgf_pos - math.log(ref)) / _S_GRID
+        eps = np.where(np.isfinite(eps), eps, np.inf)
+        lams.add(float(_S_GRID[int(np.argmin(eps))]))
+    return sorted(lams)
+
+
+def _stitch(
+    runs: Sequence[tuple[float, float, float, FloatArray]],
+    out_losses: FloatArray,
+    log_cap: float,
+) -> tuple[FloatArray, list[_ErrTerm]]:
+    """Combine results computed under several tilts, bin by bin.
+
+    Each run is ``(lam, log_z, e_tilted, r_tilted)``: the untilted masses are
+    ``r_tilted * exp(log_z - lam L)`` with error ``sum |e_i| exp(lam L_i) <= e_tilted exp(log_z)``.
+    Each bin takes the run whose error scale ``e_tilted exp(log_z - lam L)`` is smallest there;
+    the error of the stitched vector is the sum of the runs' errors restricted to their bins,
+    each bounded on its own (narrow) range.
+    """
+    # Runs come sorted by tilt and the first covers the whole window. The score of run j is
+    # linear in L with slope -lam_j, so a later (larger-tilt) run wins on an interval: from
+    # where it beats the current best at its window's left end onwards, within its window.
+    n = out_losses.size
+    owner = np.zeros(n, dtype=np.int64)
+    a_of = np.array([math.log(max(e, 1e-300)) + lz for _, lz, e, _ in runs])
+    lam_of = np.array([lam for lam, _, _, _ in runs])
+    for j in range(1, len(runs)):  # a handful of tilts
+        lam, lz, e, r = runs[j]
+        valid = np.flatnonzero(~np.isnan(r))
+        if valid.size == 0:
+            continue
+        lo_i, hi_i = int(valid[0]), int(valid[-1]) + 1
+        seg = slice(lo_i, hi_i)
+        cur = owner[seg]
+        ls = out_losses[seg]
+        k = int(cur[0])
+        if np.all(cur == k) and lam > lam_of[k]:  # one rival: the switch is a threshold in L
+            cut = (a_of[j] - a_of[k]) / (lam - lam_of[k])
+            start = lo_i + int(np.searchsorted(ls, cut, side="right"))
+            owner[start:hi_i] = j
+        else:
+            better = a_of[j] - lam * ls < a_of[cur] - lam_of[cur] * ls
+            owner[seg] = np.where(better, j, cur)
+    probs = np.zeros(n)
+    terms: list[_ErrTerm] = []
+    # one error term per contiguous piece a run owns (each bounded on its own narrow range)
+    cuts = np.flatnonzero(np.diff(owner)) + 1
+    starts = np.concatenate(([0], cuts))
+    ends = np.concatenate((cuts, [n]))
+    for i0, i1 in zip(starts.tolist(), ends.tolist(), strict=True):
+        lam, lz, e, r = runs[int(owner[i0])]
+        seg = slice(i0, i1)
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            logv = np.log(np.maximum(r[seg], 0.0)) + lz - lam * out_losses[seg]
+            probs[seg] = np.exp(np.minimum(logv, log_cap))
+        terms.append(
+            _term(
+                [lam],
+                [math.log(max(e, 1e-300)) + lz],
+                float(out_losses[i0]),
+                float(out_losses[i1 - 1]),
+            )
+        )
+    return probs, terms
+
+
+def _tilted_rfft(
+    side: _Side, lam: float, lm: float, n_fft: int, g: float, ext: bool = False
+) -> tuple[Any, float]:
+    """rfft of the masses tilted by ``exp(lam L - lm)`` (folded cyclically onto ``n_fft``
+    points) and a bound on the absolute error of each coefficient; in extended precision
+    if ``ext``."""
+    u = _U_EXT if ext else _U
+    with np.errstate(over="ignore", under="ignore", divide="ignore"):
+        if ext:
+            t = np.exp(np.log(side.probs.astype(_EXT)) + lam * side.losses.astype(_EXT) - lm)
+        else:
+            t = np.exp(side.log_probs + lam * side.losses - lm)
+    folds = 1
+    if side.size > n_fft:
+        folds = -(-side.size // n_fft)
+        pad = np.zeros(folds * n_fft, dtype=t.dtype)
+        pad[: side.size] = t
+        base = pad.reshape(folds, n_fft).sum(axis=0)
+    else:
+        base = t
+    tot = float(np.sum(t))
+    return sfft.rfft(base, n_fft), (g + (folds - 1) * u) * tot
+
+
+def _fft_power(z: Any, gz: float, T: int, u: float = _U) -> tuple[Any, FloatArray]:
+    """``z**T`` per coefficient and a bound on its error, given errors ``<= gz`` in ``z``.
+
+    Small powers by repeated complex multiplication (relative error of each product
+    ``<= sqrt(5) u``, Brent, Percival & Zimmermann 2007); large ones through polar form
+    (error of the exponent ``T (|log|z|| + pi) u``). The input error propagates as
+    ``T gz (|z| + gz)^(T-1)``. Coefficients whose power cannot exceed ``e^-700`` are set to 0
+    (the caller's constant term covers them).
+    """
+    absz = np.abs(z)
+    if T <= _SMALL_POWER:  # binary powering: at most 2 log2(T) products
+        w: Any = None
+        sq, e, mults = z, T, 0
+        while e:
+            if e & 1:
+                w = sq if w is None else w * sq
+                mults += 1
+            e >>= 1
+            if e:
+                sq = sq * sq
+                mults += 1
+        with np.errstate(under="ignore"):
+            pow_in = T * gz * (absz + gz) ** (T - 1)
+        return w, pow_in + _FFT_C * u * (mults + 1) * np.abs(w)
+    w = np.zeros_like(z)
+    err = np.zeros(z.size, dtype=absz.dtype)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
+        keep = np.flatnonzero((T - 1) * np.log(absz + gz) > -700.0)
+        zk, ak = z[keep], absz[keep]
+        log_abs = np.log(ak)
+        mag = np.exp(T * log_abs)
+        phase = T * np.angle(zk)
+        w[keep] = np.where(ak > 0, mag * (np.cos(phase) + 1j * np.sin(phase)), 0.0)
+        pow_in = T * gz * np.exp((T - 1) * np.log(ak + gz))
+        pow_own = np.where(ak > 0, _FFT_C * u * (1.0 + T * (np.abs(log_abs) + math.pi)) * mag, 0.0)
+    err[keep] = pow_in + pow_own
+    return w, err
+
+
+def _composed_inf(factors: Sequence[tuple[float, float, int]], pessimistic: bool) -> float:
+    """Mass at ``+inf`` of a composition of ``(finite, infinite, count)`` factors:
+    ``prod tot^c - prod fin^c``, computed without cancellation, rounded outward."""
+    log_tot, log_keep, n = 0.0, 0.0, 0
+    for fin, inf, c in factors:
+        tot = fin + inf
+        if tot <= 0.0:
+            return 0.0
+        log_tot += c * math.log(tot)
+        log_keep += c * math.log1p(-min(inf / tot, 1.0)) if inf < tot else -math.inf
+        n += c
+    lost = -math.expm1(log_keep)
+    val = math.exp(min(log_tot + math.log(lost), 1.0)) if lost > 0 else 0.0
+    if pessimistic:
+        return min(val * (1 + 16 * _U * (n + 2)), 1.0)
+    return min(val * (1 - 16 * _U * (n + 2)), 1.0)
