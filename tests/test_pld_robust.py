@@ -19,9 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import renyi.analysis.pld._numerics as pld_numerics
-from renyi.analysis.pld._plan import _plan
 from renyi import closed_forms
 from renyi.accountants import PldAccountant, RdpAccountant
+from renyi.analysis.pld._plan import _plan
 from renyi.calibration import calibrate_noise_multiplier
 from renyi.errors import OrderAtGridEdgeWarning, PrivacyParameterError
 from renyi.events import GaussianEvent, PoissonSampledEvent

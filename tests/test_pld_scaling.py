@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import renyi.analysis.pld as pld_module
-from renyi.analysis.pld._plan import _plan
 from renyi import closed_forms
 from renyi.accountants import PldAccountant, RdpAccountant
+from renyi.analysis.pld._plan import _plan
 from renyi.errors import PrivacyParameterError
 from renyi.events import GaussianEvent, PoissonSampledEvent
 from renyi.pld import PrivacyLossDistribution as PLD
