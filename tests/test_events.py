@@ -63,8 +63,10 @@ def test_mixed_relations_refused():
         ComposedEvent((GaussianEvent(1.0), GaussianEvent(1.0, Neighbouring.REPLACE_ONE)))
     with pytest.raises(PrivacyParameterError, match="add_remove"):
         PoissonSampledEvent(0.1, GaussianEvent(1.0, "replace_one"))
-    with pytest.raises(PrivacyParameterError, match="replace_one"):
-        SampledWithoutReplacementEvent(100, 10, GaussianEvent(1.0))
+    # sampling without replacement takes its inner event's relation (both are analysed)
+    assert SampledWithoutReplacementEvent(100, 10, GaussianEvent(1.0)).neighbouring.value == (
+        "add_remove"
+    )
 
 
 @pytest.mark.parametrize(

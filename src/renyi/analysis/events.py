@@ -741,7 +741,26 @@ class PoissonSampledEvent(Event):
 class SampledWithoutReplacementEvent(Event):
     """``event`` run on a uniformly random subset of exactly ``sample_size`` of ``population_size``.
 
-    Analysed under replace-one neighbouring (Wang, Balle & Kasiviswanathan 2019).
+    The neighbouring relation is the inner event's. Replace-one (the usual one for this
+    sampler): Wang, Balle & Kasiviswanathan 2019 (RDP) and a symmetrised Poisson pair (PLD).
+    Add/remove (the inner event's guarantee is about one record added or removed; the
+    population is the larger of the two datasets): with ``q = sample_size /
+    population_size`` the record is in the batch w.p. ``q``; a batch without it is coupled
+    to one with it by swapping it for a uniform other record, so given the rest of the
+    batch and that record the pair is ``((1-q) N(a) + q N(a'), N(a))`` with ``a, a'`` one
+    *replace-one* sensitivity (two add/remove ones) apart. Joint convexity over the
+    coupling bounds every divergence by that of the Poisson-subsampled pair at rate ``q``
+    and twice the sensitivity, i.e. :class:`PoissonSampledEvent` ``(q, inner at σ/2)``;
+    the bound is attained (all other records' contributions equal and opposite to the
+    record's), so nothing is lost. For ``(ε, δ)`` inner guarantees: group privacy of two
+    records, then the Poisson amplification (Balle, Barthe & Gaboardi 2018).
+
+    >>> from renyi.accountants import PldAccountant
+    >>> ar = SampledWithoutReplacementEvent(60000, 256, GaussianEvent(1.1))
+    >>> eps = PldAccountant().compose(ar, 1000).epsilon(1e-5).epsilon
+    >>> same = PoissonSampledEvent(256 / 60000, GaussianEvent(0.55))
+    >>> eps == PldAccountant().compose(same, 1000).epsilon(1e-5).epsilon
+    True
     """
 
     population_size: int
@@ -754,25 +773,33 @@ class SampledWithoutReplacementEvent(Event):
         m = check_int("sample_size", self.sample_size, 1)
         if m > n:
             raise fail("sample_size", m, f"an integer in [1, population_size={n}]")
-        _check_inner(
-            self.event,
-            Neighbouring.REPLACE_ONE,
-            "sampling without replacement is analysed under replace-one",
-        )
+        if not isinstance(self.event, Event):
+            raise fail("event", self.event, "an Event")
 
     @property
     def neighbouring(self) -> Neighbouring:
-        return Neighbouring.REPLACE_ONE
+        return self.event.neighbouring
 
     @property
     def sampling_rate(self) -> float:
         return self.sample_size / self.population_size
+
+    def _add_remove(self) -> PoissonSampledEvent | None:
+        """The dominating Poisson pair under add/remove (class docstring); ``None`` under
+        replace-one or for a non-Gaussian inner event."""
+        inner = self.event
+        if inner.neighbouring is Neighbouring.REPLACE_ONE or not isinstance(inner, GaussianEvent):
+            return None
+        return PoissonSampledEvent(self.sampling_rate, GaussianEvent(inner.noise_multiplier / 2))
 
     def children(self) -> tuple[Event, ...]:
         return (self.event,)
 
     def rdp_epsilons(self, orders: NDArray[np.float64]) -> NDArray[np.float64]:
         inner = self.event
+        poisson = self._add_remove()
+        if poisson is not None:
+            return poisson.rdp_epsilons(orders)
         if isinstance(inner, GaussianEvent):
             # Wang, Balle & Kasiviswanathan 2019, Thm 9 (replace-one neighbours)
             return subsampling.sampled_without_replacement_gaussian_rdp(
@@ -784,13 +811,18 @@ class SampledWithoutReplacementEvent(Event):
         )
 
     def zcdp_rho(self) -> float:
-        # No amplification in zCDP: sampling never increases Rényi divergence (quasi-convexity).
-        return 0.0 if self.sampling_rate == 0.0 else self.event.zcdp_rho()
+        # No amplification in zCDP: sampling never increases Rényi divergence (quasi-convexity);
+        # under add/remove the coupled pair is two records apart (group privacy: 4 rho).
+        if self.sampling_rate == 0.0:
+            return 0.0
+        group = 4.0 if self.neighbouring is Neighbouring.ADD_REMOVE else 1.0
+        return group * self.event.zcdp_rho()
 
     def pld_pair(
         self, *, value_discretization_interval: float, tail_mass: float, max_bins: int
     ) -> PldPair:
-        """One symmetric PLD (:func:`renyi.analysis.sampled_pld.symmetrised_sampled_gaussian_pld`).
+        """Add/remove: the dominating Poisson pair (class docstring). Replace-one: one
+        symmetric PLD (:func:`renyi.analysis.sampled_pld.symmetrised_sampled_gaussian_pld`).
 
         Whether record ``i`` is in the batch (probability ``q = m/n``) has the same law in
         both worlds, and a batch without ``i`` is coupled to one with ``i`` by swapping ``i``
@@ -803,6 +835,13 @@ class SampledWithoutReplacementEvent(Event):
         (attained when ``a' = c``); for ``γ < 1`` the reversed pair gives the bound. Full
         batch (``m = n``): the Gaussian with the replace-one sensitivity."""
         inner = _gaussian_inner(self.event, "sampling without replacement")
+        poisson = self._add_remove()
+        if poisson is not None:
+            return poisson.pld_pair(
+                value_discretization_interval=value_discretization_interval,
+                tail_mass=tail_mass,
+                max_bins=max_bins,
+            )
         from renyi.analysis.sampled_pld import symmetrised_sampled_gaussian_pld
 
         pld = symmetrised_sampled_gaussian_pld(
@@ -815,10 +854,15 @@ class SampledWithoutReplacementEvent(Event):
 
     def approx_dp_guarantees(self) -> Counter[Guarantee]:
         wor: Counter[Guarantee] = Counter()
+        add_remove = self.neighbouring is Neighbouring.ADD_REMOVE
         for (eps, delta), n in self.event.approx_dp_guarantees().items():
-            amp = subsampling.amplify_approx_dp_without_replacement(
-                eps, delta, self.population_size, self.sample_size
-            )
+            if add_remove:  # two records apart, then amplified like Poisson at rate q
+                eps2, delta2 = 2.0 * eps, min((1.0 + math.exp(min(eps, 700.0))) * delta, 1.0)
+                amp = subsampling.amplify_approx_dp_poisson(eps2, delta2, self.sampling_rate)
+            else:
+                amp = subsampling.amplify_approx_dp_without_replacement(
+                    eps, delta, self.population_size, self.sample_size
+                )
             wor[amp] += n
         return wor
 
@@ -1278,6 +1322,7 @@ def training_event(
     batch_size: int,
     steps: int,
     max_batch_size: int | None = None,
+    neighbouring: Neighbouring | str | None = None,
 ) -> Event:
     """The event of ``steps`` DP-SGD steps under a batch sampler: the single source that
     :mod:`renyi.dpsgd.sampler` objects and ``renyi epsilon --sampling`` use.
@@ -1287,13 +1332,18 @@ def training_event(
     * ``poisson``: each record joins each batch w.p. ``b/n``; add/remove neighbours.
     * ``truncated-poisson``: Poisson, cut to ``max_batch_size`` (default
       :func:`default_max_batch_size`); add/remove.
-    * ``fixed-size``: a fresh uniform subset of exactly ``b`` per step; replace-one, Gaussian
-      with multiplier σ/2 (the sum moves by up to 2C).
+    * ``fixed-size``: a fresh uniform subset of exactly ``b`` per step; replace-one (default),
+      Gaussian with multiplier σ/2 (the sum moves by up to 2C), or ``neighbouring=
+      "add_remove"`` (:class:`SampledWithoutReplacementEvent`: the Poisson pair at rate
+      ``b/n`` and multiplier σ/2).
     * ``random-allocation``: per epoch every record is put in one of ``t = n // b`` batches
       uniformly at random (balls in bins); add/remove; ``ceil(steps / t)`` epochs (a partial
       epoch costs at most a full one).
     * ``shuffle``: per epoch a random permutation cut into ``ceil(n / b)`` batches of ``b``;
       replace-one; the proven bound has no amplification (:class:`ShuffledEvent`).
+
+    ``neighbouring`` (default: the sampler's own relation) may differ from it only for
+    ``fixed-size``, which is analysed under both.
     """
     n = check_int("dataset_size", dataset_size, 1)
     b = check_int("batch_size", batch_size, 1)
@@ -1301,6 +1351,13 @@ def training_event(
         raise fail("batch_size", b, f"an integer in [1, dataset_size={n}]")
     t_steps = check_int("steps", steps, 1)
     sigma = check_positive("noise_multiplier", noise_multiplier)
+    natural = {"fixed-size": Neighbouring.REPLACE_ONE, "shuffle": Neighbouring.REPLACE_ONE}
+    own = natural.get(sampling, Neighbouring.ADD_REMOVE)
+    relation = own if neighbouring is None else _neighbouring(neighbouring)
+    if relation is not own and sampling != "fixed-size":
+        raise fail(
+            "neighbouring", relation.value, f"'{own.value}' (the relation of {sampling} sampling)"
+        )
     if sampling == "poisson":
         return SelfComposedEvent(PoissonSampledEvent(b / n, GaussianEvent(sigma)), t_steps)
     if sampling == "truncated-poisson":
@@ -1309,7 +1366,10 @@ def training_event(
         step = TruncatedPoissonSampledEvent(n, b / n, cap, GaussianEvent(sigma))
         return SelfComposedEvent(step, t_steps)
     if sampling == "fixed-size":
-        inner = GaussianEvent(sigma / 2.0, Neighbouring.REPLACE_ONE)
+        if relation is Neighbouring.ADD_REMOVE:
+            inner = GaussianEvent(sigma)
+        else:
+            inner = GaussianEvent(sigma / 2.0, Neighbouring.REPLACE_ONE)
         return SelfComposedEvent(SampledWithoutReplacementEvent(n, b, inner), t_steps)
     if sampling == "random-allocation":
         per_epoch = n // b

@@ -41,6 +41,11 @@ def register(sub: Any) -> None:
         "--max-batch-size", type=int, help="truncated-poisson: the cap (default ceil(b + 4 sqrt b))"
     )
     p.add_argument(
+        "--neighbouring",
+        choices=("add-remove", "replace-one"),
+        help="neighbouring relation (default: the sampler's own; only fixed-size has both)",
+    )
+    p.add_argument(
         "--tradeoff",
         action="store_true",
         help="also print the TPR bound of any membership-inference attack at FPR 1e-3, 1e-2, 0.1",
@@ -71,6 +76,8 @@ def _training(args: argparse.Namespace) -> tuple[Event | None, dict[str, Any]]:
     if sampling is None or (
         sampling == "poisson" and args.sample_rate is not None and args.dataset_size is None
     ):
+        if args.neighbouring not in (None, "add-remove"):
+            raise SystemExit("renyi: error: --neighbouring replace-one needs --sampling fixed-size")
         q, steps = _rate_and_steps(args)
         return None, {"sampling": "poisson", "sample_rate": q, "steps": steps}
     if args.dataset_size is None or args.batch_size is None:
@@ -95,6 +102,7 @@ def _training(args: argparse.Namespace) -> tuple[Event | None, dict[str, Any]]:
         batch_size=args.batch_size,
         steps=steps,
         max_batch_size=args.max_batch_size,
+        neighbouring=None if args.neighbouring is None else args.neighbouring.replace("-", "_"),
     )
     meta: dict[str, Any] = {
         "sampling": sampling,
