@@ -169,9 +169,7 @@ def test_digits_of_the_count_are_composed_exactly() -> None:
     mu = 3.0
     for steps in (123_457, 999_999):
         pld = PLD.gaussian(math.sqrt(steps) / mu).self_compose(steps, max_bins=1 << 14)
-        plan = _plan(
-            PLD.gaussian(math.sqrt(steps) / mu).upper_side, steps, 1e-15, 1 << 14
-        )
+        plan = _plan(PLD.gaussian(math.sqrt(steps) / mu).upper_side, steps, 1e-15, 1 << 14)
         assert any(d for d, _ in plan.levels)
         for delta in (1e-4, 1e-9):
             e = pld.epsilon_for_delta(delta)
