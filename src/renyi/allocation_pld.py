@@ -1,0 +1,462 @@
+"""Privacy loss distributions of random allocation ("balls in bins"), with a proven dominance.
+
+One epoch of random 1-out-of-``t`` allocation with the Gaussian mechanism of noise
+multiplier ``σ`` has, under add/remove neighbours, the dominating pair (Feldman & Shenfeld
+2025; Chua et al. 2025; the pair behind :mod:`renyi.allocation`)
+
+    ``P = (1/t) Σ_i N(e_i, σ² I_t)``,  ``Q = N(0, σ² I_t)``.
+
+Its likelihood ratio is ``Y = S / t`` with ``S = Σ_i X_i`` and ``X_i = exp((x_i - 1/2)/σ²)``
+the likelihood ratios of the one-dimensional pair ``A = N(1, σ²)``, ``B = N(0, σ²)``. A pair
+is determined, up to equivalence, by the law of its likelihood ratio under the second
+distribution, so the whole analysis is that of the sum of ``t`` i.i.d. log-normals. This
+module builds a *discrete pair that dominates* ``(P, Q)`` (every hockey-stick divergence
+``H_γ(P‖Q) = E_Q[(Y - γ)_+] + P[Y = ∞]``, ``γ >= 0``, is at most the discrete pair's; the
+family over ``γ >= 0`` covers both orders, ``H_γ(Q‖P) = 1 - γ + γ H_{1/γ}(P‖Q)``), and
+hands it to :meth:`renyi.pld.PrivacyLossDistribution.from_distributions`, whose own
+rounding is pessimistic too. The steps, each a proven dominance:
+
+1. **Coordinate pair on a lattice** (connect the dots, Doroshenko et al. 2022). The ratio
+   ``X`` of ``(A, B)`` is cut into cells ``[aΔ, bΔ]`` with end points on the lattice
+   ``ΔZ``; the ``B``-mass ``q`` and ``A``-mass ``p = E_B[X; cell]`` of a cell go to its two
+   end points with ratios ``aΔ`` and ``bΔ`` keeping both masses. This is a mean-preserving
+   spread of the ratio (for every convex ``φ``, ``E φ`` grows), so the lattice pair
+   ``(A', B')`` dominates ``(A, B)``: ``(A, B)`` is a post-processing of it.
+2. **Allocation preserves dominance.** Random allocation of a pair is built coordinate by
+   coordinate; applying the kernel that maps ``(A', B')`` to ``(A, B)`` to every
+   coordinate maps the allocation of ``(A', B')`` to that of ``(A, B)``. So the epoch's pair
+   is dominated by the pair whose ratio is ``S'/t``, ``S' = Σ X'_i`` on the lattice: its
+   ``B'``-law is the ``t``-fold convolution of the lattice masses (exact: lattice sums stay
+   on the lattice).
+3. **Rigorous arithmetic by lower bounds.** Every lattice mass is carried as a proven
+   *lower bound*: cell masses from log-CDFs with a bound on their round-off, the
+   convolution powers computed directly (all terms non-negative, so the computed value is
+   within a factor ``1 ± γ_n`` of the exact one, ``γ_n = n u / (1 - n u)``) and scaled
+   down by that factor. Masses beyond the lattice's end ``S_max`` are dropped the same way.
+4. **The rest is revealed.** Write the exact ``B'``-law of ``S'`` as ``ν + ρ`` with ``ν``
+   the computed lower bound and ``ρ >= 0`` the unknown rest (including all mass beyond the
+   lattice and the ``A'``-mass beyond ``S_max`` of step 1). Replacing the part of the pair
+   carried by ``ρ`` (``B``-mass ``m = 1 - Σ ν``, ``A``-mass ``e = 1 - Σ ν y``) by two
+   outcomes, one with ``B``-mass ``m`` and ratio 0 and one with ``A``-mass ``e`` and ratio
+   ``∞``, can only raise every ``H_γ`` (the part's own ``H_γ`` is at most its ``A``-mass
+   ``e``, which the new outcomes give for every ``γ``). ``e`` and ``m`` are computed, so
+   the final pair is explicit: ``ν`` on the lattice, ``m`` at ratio 0, ``e`` at ``∞``.
+
+The resulting ``δ(ε)`` is an upper bound for every ``ε``, in both directions, and stays one
+under composition over epochs (dominance is preserved by composition). ``e`` and ``m`` are
+``~1e-15`` unless the lattice is too short for the tail; the only looseness is the spread
+of step 1 (variance ``<= Δ²/4`` per coordinate), which the lattice spacing ``Δ`` controls.
+
+``k > 1`` (each record in ``k`` of ``t`` steps): random ``k``-out-of-``t`` allocation is
+dominated by ``k`` independent runs of 1-out-of-``⌊t/k⌋`` (Feldman & Shenfeld 2025,
+decomposition; a uniformly random relabelling of steps turns "one step in each of ``k``
+blocks" into a uniform ``k``-subset, and 1-of-``m`` is dominated by 1-of-``m'`` for
+``m' <= m`` by padding with pure-noise steps), so the PLD is the ``k``-fold composition.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy.special import log_ndtr, ndtr, ndtri
+
+from renyi._validation import check_int, check_positive, check_probability, fail
+from renyi.pld import DEFAULT_MAX_BINS, PrivacyLossDistribution
+
+__all__ = [
+    "AllocationPair",
+    "DEFAULT_MAX_POINTS",
+    "allocation_pair",
+    "allocation_pld",
+    "lattice_allocation_pair",
+]
+
+FloatArray = NDArray[np.float64]
+
+DEFAULT_MAX_POINTS = 1 << 12
+"""Default number of lattice points of ``S`` (the cost grows like its square)."""
+MAX_POINTS = 1 << 16
+_MAX_V = 1400.0  # largest 1/σ²: beyond it exp(v/2) overflows and no lattice holds X
+
+_U = 2.0**-53  # unit round-off
+_LOGCDF_ULPS = 32.0  # assumed accuracy of scipy's log_ndtr, in ulps of (|value| + 1), as renyi.pld
+_TINY = 2.0**-1074  # smallest subnormal: the absolute round-off of an underflowing product
+_CELL_REL = 1.0 / 256.0  # cells grow to about this fraction of their position
+
+
+class AllocationPair:
+    """An explicit discrete pair dominating one epoch of 1-out-of-``t`` allocation.
+
+    Atoms at likelihood ratios ``ratios`` with second-side masses ``q`` (the first side's
+    are ``q * ratios``), the second side's ``zero_mass`` at ratio 0 and the first side's
+    ``inf_mass`` at ratio ``∞``.
+    """
+
+    def __init__(self, ratios: FloatArray, q: FloatArray, zero_mass: float, inf_mass: float) -> None:
+        self.ratios = ratios
+        self.q = q
+        self.zero_mass = zero_mass
+        self.inf_mass = inf_mass
+
+    def delta(self, epsilon: float, direction: str = "remove") -> float:
+        """Hockey-stick divergence ``δ(ε)`` of the pair (exact for the discrete pair, so an
+        upper bound for the mechanism) in ``direction`` (``remove``: ``H_{e^ε}(P‖Q)``)."""
+        if direction not in ("remove", "add"):
+            raise fail("direction", direction, "'remove' or 'add'")
+        y, g = self.ratios, math.exp(epsilon)
+        if direction == "remove":
+            return math.fsum((self.q * np.maximum(y - g, 0.0)).tolist()) + self.inf_mass
+        return math.fsum((self.q * np.maximum(1.0 - g * y, 0.0)).tolist()) + self.zero_mass
+
+    def pld(
+        self, direction: str, *, value_discretization_interval: float, tail_mass: float
+    ) -> PrivacyLossDistribution:
+        """The pessimistic PLD of the pair in ``direction`` (``remove``: ``(P, Q)``).
+
+        Losses above ``_LOSS_HI`` go to ``+inf`` (both masses kept apart: a spread) and
+        losses below ``-_LOSS_LO`` are raised to it (the second side's surplus split off to
+        an outcome of its own: a spread), so the loss grid stays bounded."""
+        if direction not in ("remove", "add"):
+            raise fail("direction", direction, "'remove' or 'add'")
+        y = self.ratios
+        if direction == "remove":
+            f, g, only_f, only_g = self.q * y, self.q, self.inf_mass, self.zero_mass
+            with np.errstate(divide="ignore"):
+                loss = np.log(y)
+        else:
+            f, g, only_f, only_g = self.q, self.q * y, self.zero_mass, self.inf_mass
+            with np.errstate(divide="ignore"):
+                loss = -np.log(y)
+        high = loss > _LOSS_HI
+        only_f += math.fsum(f[high].tolist())
+        only_g += math.fsum(g[high].tolist())
+        f, g, loss = f[~high], g[~high], loss[~high]
+        low = loss < -_LOSS_LO
+        g_new = np.where(low, f * math.exp(_LOSS_LO) * (1.0 - 4 * _U), g)
+        only_g += math.fsum((g - g_new).tolist())
+        p = np.concatenate((f, [only_f, 0.0]))
+        q = np.concatenate((g_new, [0.0, only_g]))
+        return PrivacyLossDistribution.from_distributions(
+            p, q, value_discretization_interval=value_discretization_interval, tail_mass=tail_mass
+        )
+
+
+def _log_cdf_pair(z: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    """``log Φ(z)``, ``log Φ(-z)`` and bounds on their absolute errors."""
+    lo = log_ndtr(z)
+    hi = log_ndtr(-z)
+    # at z = ±inf the values (0 and -inf) are exact
+    elo = np.where(np.isfinite(z), _LOGCDF_ULPS * _U * (np.abs(lo) + 1.0), 0.0)
+    ehi = np.where(np.isfinite(z), _LOGCDF_ULPS * _U * (np.abs(hi) + 1.0), 0.0)
+    return lo, hi, elo, ehi
+
+
+def _cell_masses(z: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Masses ``Φ(z[i+1]) - Φ(z[i])`` of the cells between increasing ``z`` (``-inf``
+    allowed first) and bounds on their absolute errors, computed without cancellation
+    (lower CDF left of 0, upper CDF right of it) from log-CDFs."""
+    lo, hi, elo, ehi = _log_cdf_pair(z)
+    a_lo, b_lo, ea_lo, eb_lo = lo[:-1], lo[1:], elo[:-1], elo[1:]
+    a_hi, b_hi, ea_hi, eb_hi = hi[:-1], hi[1:], ehi[:-1], ehi[1:]
+    left = z[1:] <= 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        # left: exp(b_lo) * (1 - exp(a_lo - b_lo)); right: exp(a_hi) * (1 - exp(b_hi - a_hi))
+        big = np.where(left, b_lo, a_hi)
+        d = np.where(left, a_lo - b_lo, b_hi - a_hi)  # <= 0
+        ed = np.where(left, ea_lo + eb_lo, ea_hi + eb_hi) + _U * np.abs(
+            np.nan_to_num(d, nan=0.0, neginf=0.0)
+        )
+        ebig = np.where(left, eb_lo, ea_hi)
+        frac = -np.expm1(d)  # in [0, 1]
+        mass = np.exp(big) * frac
+        # |frac error| <= ed (derivative of expm1 on (-inf, 0] is <= 1) plus round-off
+        rel = np.where(frac > 0, (ed + 4 * _U * frac) / np.where(frac > 0, frac, 1.0), np.inf)
+        err = mass * (rel + 2.0 * ebig + 4 * _U)
+    mass = np.nan_to_num(mass, nan=0.0, posinf=0.0)
+    err = np.where(np.isfinite(err), err, mass)
+    return mass, np.minimum(err, mass)
+
+
+def _cell_edges(n: int, offset: float) -> NDArray[np.int64]:
+    """Lattice indices ``0 = e_0 < e_1 < ... = n - 1`` of the cells of ``offset + jΔ``
+    (``offset`` in units of Δ): width 1 while the position is below ``1/_CELL_REL`` cells,
+    then about ``_CELL_REL`` times the position, so that connect the dots loses at most a
+    factor ``1/_CELL_REL`` of relative accuracy to cancellation."""
+    edges = [0]
+    while edges[-1] < n - 1:
+        e = edges[-1]
+        edges.append(min(n - 1, e + max(1, int((e + offset) * _CELL_REL))))
+    return np.asarray(edges, dtype=np.int64)
+
+
+def _ctd_lower(sigma: float, x: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Connect the dots for the likelihood ratio ``X`` of ``(N(1, σ²), N(0, σ²))`` on the
+    cells between the increasing points ``x``: lower bounds on the second-side masses sent
+    to each cell's lower and upper end (the cell's two masses are kept: a mean-preserving
+    spread of ``X``)."""
+    v = 1.0 / (sigma * sigma)
+    s = math.sqrt(v)
+    with np.errstate(divide="ignore"):
+        lx = np.log(x)
+    zq = (lx + 0.5 * v) / s  # second-side law of log X: N(-v/2, v); first side: N(v/2, v)
+    q, eq = _cell_masses(zq)
+    p, ep = _cell_masses(zq - s)
+    a, w = x[:-1], np.diff(x)
+    up = (p - q * a) / w
+    e_up = (ep + eq * a) / w + 4 * _U * (p + q * a) / w
+    up_lo = np.clip(up - e_up, 0.0, None) * (1.0 - 4 * _U)
+    low_lo = np.clip(q - up - eq - e_up, 0.0, None) * (1.0 - 4 * _U)
+    return low_lo, up_lo
+
+
+def _small_lattice(sigma: float, x0: float, spacing: float, top: int, n: int) -> FloatArray:
+    """Lower bounds on the second-side masses of the connect-the-dots lattice version of
+    ``X`` restricted to ``x0 <= X <= x0 + top * spacing``, on ``x0 + spacing * [0, n)``."""
+    edges = _cell_edges(top + 1, x0 / spacing)
+    low, up = _ctd_lower(sigma, x0 + edges * spacing)
+    out = np.zeros(n)
+    np.add.at(out, edges[:-1], low)
+    np.add.at(out, edges[1:], up)
+    out *= 1.0 - 4 * _U  # the additions round
+    return out
+
+
+def _conv_lower(a: FloatArray, b: FloatArray, n: int) -> FloatArray:
+    """A lower bound on the first ``n`` entries of the convolution of non-negative ``a`` and
+    ``b`` (direct summation: relative error at most ``γ_m``, plus underflow)."""
+    c = np.convolve(a, b)[:n]
+    m = min(a.size, b.size) + 2
+    gamma = m * _U / (1.0 - m * _U)
+    out: FloatArray = np.maximum(c * (1.0 - gamma) * (1.0 - _U) - m * _TINY, 0.0)
+    return out
+
+
+def _power_lower(base: FloatArray, count: int, n: int) -> FloatArray:
+    """Lower bound on the ``count``-fold convolution power of ``base``, truncated to ``n``."""
+    result: FloatArray | None = None
+    power = base
+    while count:
+        if count & 1:
+            result = power if result is None else _conv_lower(result, power, n)
+        count >>= 1
+        if count:
+            power = _conv_lower(power, power, n)
+    assert result is not None
+    return result
+
+
+_REFERENCE_DELTAS = (1e-2, 1e-6)  # where allocation_pld compares with no amplification
+_LOSS_HI = 40.0  # one epoch's losses above this go to +inf ...
+_LOSS_LO = 20.0  # ... and below -_LOSS_LO are raised to it (the loss grid stays bounded)
+_REST_POINTS = 1024  # points of the others' sum next to one large ratio
+_BUDGET = 1e-14  # mass of the outcomes left to the leftover by the choice of x0 and M
+
+
+def _cut_points(t: int, v: float, tail_mass: float) -> tuple[float, float, float]:
+    """``(x0, M, X_max)``: ratios below ``x0`` (any coordinate) and two or more above ``M``
+    are rare enough (``_BUDGET``) to be left to the leftover; above ``X_max`` the first
+    side's mass is ``tail_mass``."""
+    s = math.sqrt(v)
+    z_low = float(-ndtri(_BUDGET / t))
+    x0 = math.exp(-0.5 * v - z_low * s)
+    z_top = float(-ndtri(tail_mass))
+    x_max = math.exp(min(0.5 * v + z_top * s, 700.0))
+
+    def rare(z: float) -> bool:  # two or more coordinates above exp(-v/2 + z s)
+        qm, pm = float(ndtr(-z)), float(ndtr(s - z))
+        return (t - 1) * pm * qm + 0.5 * (t - 1) * t * qm * qm <= _BUDGET
+
+    if t == 1:
+        z = 3.0
+    else:
+        lo, hi = -10.0, 40.0
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (lo, mid) if rare(mid) else (mid, hi)
+        z = max(hi, 3.0)
+    big = math.exp(min(-0.5 * v + z * s, 700.0))
+    return x0, max(big, 2.0 * x0), x_max
+
+
+def allocation_pair(
+    num_steps: int,
+    noise_multiplier: float,
+    *,
+    tail_mass: float = 1e-15,
+    max_points: int = DEFAULT_MAX_POINTS,
+) -> AllocationPair:
+    """The explicit discrete pair dominating one epoch of 1-out-of-``num_steps`` allocation
+    of the Gaussian with ``noise_multiplier`` (module docstring, steps 1–5).
+
+    ``max_points`` (64 to 65 536) lattice points hold the sums of the ratios below the cut
+    ``M``; the cost is ``O(max_points² log t)``. The first side's mass beyond the largest
+    ratio considered is ``tail_mass`` (it goes to ratio ``∞``).
+    """
+    t = check_int("num_steps", num_steps, 1)
+    sigma = check_positive("noise_multiplier", noise_multiplier)
+    tail_mass = check_probability("tail_mass", tail_mass)
+    if not 0.0 < tail_mass < 1.0:
+        raise fail("tail_mass", tail_mass, "a probability in (0, 1)")
+    n = check_int("max_points", max_points, 64)
+    if n > MAX_POINTS:
+        raise fail("max_points", max_points, f"an integer in [64, {MAX_POINTS}]")
+    v = 1.0 / (sigma * sigma)
+    if v > _MAX_V:
+        raise fail(
+            "noise_multiplier",
+            noise_multiplier,
+            f"a number >= {1.0 / math.sqrt(_MAX_V):.4g} for the allocation PLD "
+            "(smaller noise: use the RDP bound)",
+        )
+    x0, big, x_max = _cut_points(t, v, tail_mass)
+    spread = math.sqrt((t - 1) * math.expm1(min(v, 700.0)))
+    s_max = t + 12.0 * spread + 1.5 * big
+    spacing = (s_max - t * x0) / (n - 1)
+    top = max(1, min(n - 1, int((big - x0) / spacing)))
+    big = x0 + top * spacing  # the cut, on the lattice
+    small = _small_lattice(sigma, x0, spacing, top, n)
+    rest = _power_lower(small, t - 1, n) if t > 1 else None
+    whole = small if rest is None else _conv_lower(rest, small, n)
+    ratios = [(t * x0 + np.arange(n) * spacing) / t]
+    masses = [whole]
+    if x_max > big * (1.0 + 1e-9):
+        ratios_1, masses_1 = _one_large(sigma, t, x0, spacing, big, x_max, rest)
+        ratios.append(ratios_1)
+        masses.append(masses_1)
+    y = np.concatenate(ratios)
+    q = np.concatenate(masses)
+    keep = q > 0.0
+    y, q = y[keep], q[keep]
+    # the leftover, with a margin for the rounding of the atoms' ratios and products
+    zero_mass = max(1.0 - math.fsum(q.tolist()), 0.0) + 64 * _U
+    inf_mass = max(1.0 - math.fsum((q * y).tolist()), 0.0) + 64 * _U
+    return AllocationPair(y, q, zero_mass, inf_mass)
+
+
+def _one_large(
+    sigma: float,
+    t: int,
+    x0: float,
+    spacing: float,
+    big: float,
+    x_max: float,
+    rest: FloatArray | None,
+) -> tuple[FloatArray, FloatArray]:
+    """Atoms (ratios, lower bounds on second-side masses) of the outcomes with exactly one
+    coordinate's ratio in ``(big, x_max]`` (``t`` such patterns): that ratio by connect the
+    dots on a geometric grid, plus the lattice sum ``rest`` of the others, spread (connect
+    the dots again) onto a geometric grid of the sum."""
+    g_big = max(1e-3, math.log(x_max / big) / 4096)
+    k_big = max(1, math.ceil(math.log(x_max / big) / g_big))
+    edges = big * np.exp(np.arange(k_big + 1) * (math.log(x_max / big) / k_big))
+    edges[-1] = max(edges[-1], x_max)
+    low, up = _ctd_lower(sigma, edges)
+    large = np.zeros(k_big + 1)
+    large[:-1] += low
+    large[1:] += up
+    large *= t * (1.0 - 4 * _U)
+    if rest is None:  # t = 1: the ratio itself
+        return edges / t, large
+    # the others' sum, coarsened (connect the dots: a spread) to at most _REST_POINTS points
+    # of its support: it moves a sum of ratios above ``big`` by a fraction of its spread
+    js = np.flatnonzero(rest > 1e-30 * float(rest.max()))
+    c = max(1, math.ceil((js[-1] - js[0] + 1) / _REST_POINTS))
+    idx = js - js[0]
+    lo_i, w = idx // c, (idx % c) / c
+    m_rest = np.bincount(lo_i, weights=rest[js] * (1.0 - w), minlength=lo_i[-1] + 2)
+    m_rest += np.bincount(lo_i + 1, weights=rest[js] * w, minlength=lo_i[-1] + 2)
+    m_rest *= 1.0 - 4 * _U * (c + 4)
+    vals_rest = (t - 1) * x0 + (js[0] + c * np.arange(m_rest.size)) * spacing
+    keep = m_rest > 0
+    vals_rest, m_rest = vals_rest[keep], m_rest[keep]
+    s_lo = big + vals_rest[0]
+    s_hi = edges[-1] + vals_rest[-1]
+    g_out = max(2e-5, math.log(s_hi / s_lo) / 65536)
+    k_out = max(1, math.ceil(math.log(s_hi / s_lo) / g_out)) + 1
+    grid = s_lo * np.exp(np.arange(k_out + 1) * g_out)
+    acc = np.zeros(k_out + 1)
+    ib = np.flatnonzero(large > 0)
+    chunk = max(1, 2_000_000 // m_rest.size)
+    for start in range(0, ib.size, chunk):
+        sel = ib[start : start + chunk]
+        sums = (edges[sel][:, None] + vals_rest[None, :]).ravel()
+        mass = (large[sel][:, None] * m_rest[None, :]).ravel()
+        k = np.clip(np.floor(np.log(sums / s_lo) / g_out).astype(np.int64), 0, k_out - 1)
+        # the float grid decides: move k so that grid[k] <= sum < grid[k + 1]
+        k = np.where(grid[k] > sums, k - 1, k)
+        k = np.where(grid[k + 1] <= sums, k + 1, k)
+        k = np.clip(k, 0, k_out - 1)
+        w_up = np.clip((sums - grid[k]) / (grid[k + 1] - grid[k]), 0.0, 1.0)
+        acc += np.bincount(k, weights=mass * (1.0 - w_up), minlength=k_out + 1)
+        acc += np.bincount(k + 1, weights=mass * w_up, minlength=k_out + 1)
+    # products and sums above round (all terms positive): a relative margin covering a
+    # sum of every pair in one bin
+    acc *= 1.0 - 4 * _U * (8 + ib.size * m_rest.size)
+    return grid / t, acc
+
+
+def lattice_allocation_pair(coordinate: ArrayLike, spacing: float, num_steps: int) -> AllocationPair:
+    """The dominating pair of 1-out-of-``num_steps`` allocation of a coordinate pair whose
+    likelihood ratio lives on the lattice ``spacing * [0, n)``: ``coordinate[j]`` is (a lower
+    bound on) the second side's mass at ratio ``j * spacing`` (the first side's is
+    ``coordinate[j] * j * spacing``; what is missing of its unit mass sits at ratio ``∞``).
+    Steps 2–4 of the module docstring; for a two-point lattice pair the result is an exact
+    binomial mixture (a test reference for the convolution powers).
+    """
+    t = check_int("num_steps", num_steps, 1)
+    h = check_positive("spacing", spacing)
+    base = np.asarray(coordinate, dtype=np.float64)
+    if base.ndim != 1 or base.size < 2 or not np.all(np.isfinite(base)) or np.any(base < 0):
+        raise fail("coordinate", coordinate, "a 1-D vector of >= 2 non-negative masses")
+    q = _power_lower(base, t, base.size)
+    y = np.arange(base.size, dtype=np.float64) * (h / t)
+    zero_mass = max(1.0 - math.fsum(q.tolist()), 0.0) + 64 * _U
+    inf_mass = max(1.0 - math.fsum((q * y).tolist()), 0.0) + 64 * _U
+    return AllocationPair(y, q, zero_mass, inf_mass)
+
+
+def allocation_pld(
+    num_steps: int,
+    noise_multiplier: float,
+    *,
+    num_selected: int = 1,
+    value_discretization_interval: float = 1e-4,
+    tail_mass: float = 1e-15,
+    max_points: int = DEFAULT_MAX_POINTS,
+    max_bins: int = DEFAULT_MAX_BINS,
+) -> tuple[PrivacyLossDistribution, PrivacyLossDistribution]:
+    """PLDs ``(remove, add)`` of one epoch of random ``k``-out-of-``t`` allocation: upper
+    bounds in both directions (module docstring), ``k > 1`` by ``k`` compositions of
+    1-out-of-``⌊t/k⌋``."""
+    t = check_int("num_steps", num_steps, 1)
+    k = check_int("num_selected", num_selected, 1)
+    if k > t:
+        raise fail("num_selected", num_selected, f"an integer in [1, num_steps={t}]")
+    m = t // k
+    h, tm = value_discretization_interval, tail_mass
+    gauss = PrivacyLossDistribution.gaussian(
+        noise_multiplier, value_discretization_interval=h, tail_mass=tm
+    )
+    if k > 1:
+        gauss = gauss.self_compose(k, max_bins=max_bins)
+    if m == 1:  # every step holds the record: k runs of the Gaussian, exactly
+        return gauss, gauss
+    sigma = check_positive("noise_multiplier", noise_multiplier)
+    if 1.0 / (sigma * sigma) > _MAX_V:  # no lattice holds the ratio: no amplification used
+        return gauss, gauss
+    pair = allocation_pair(m, sigma, tail_mass=tm, max_points=max_points)
+    rem = pair.pld("remove", value_discretization_interval=h, tail_mass=tm)
+    add = pair.pld("add", value_discretization_interval=h, tail_mass=tm)
+    if k > 1:
+        rem = rem.self_compose(k, max_bins=max_bins)
+        add = add.self_compose(k, max_bins=max_bins)
+    # both are sound; where the lattice is too coarse for the noise (small σ) the record's
+    # k Gaussian runs without amplification can be the tighter one: keep the better at the
+    # reference δs (a choice between two upper bounds, never a mix of them)
+    deltas = np.array(_REFERENCE_DELTAS)
+    ours = np.maximum(rem.epsilon_for_delta(deltas).upper, add.epsilon_for_delta(deltas).upper)
+    if np.all(gauss.epsilon_for_delta(deltas).upper < ours):
+        return gauss, gauss
+    return rem, add
