@@ -242,7 +242,7 @@ def test_new_events_round_trip_and_validate() -> None:
         TruncatedPoissonSampledEvent(100, 0.1, 101, GaussianEvent(1.0))
     with pytest.raises(PrivacyParameterError, match="sampling"):
         training_event("uniform", 1.0, dataset_size=10, batch_size=2, steps=3)
-    assert not PldAccountant().supports(RandomAllocationEvent(10, GaussianEvent(1.0)))
+    assert PldAccountant().supports(RandomAllocationEvent(10, GaussianEvent(1.0)))  # PLD since 16ra
 
 
 # ------------------------------------------------------------------ samplers ↔ events

@@ -10,7 +10,8 @@ Read in this order (each module imports only those above it):
 * :mod:`~renyi.analysis.subsampling`, :mod:`~renyi.analysis.mixtures`,
   :mod:`~renyi.analysis.allocation`, :mod:`~renyi.analysis.selection` — amplification by
   sampling, mixtures, random allocation and private selection.
-* :mod:`~renyi.analysis.pld`, :mod:`~renyi.analysis.sampled_pld` — privacy loss
+* :mod:`~renyi.analysis.pld`, :mod:`~renyi.analysis.sampled_pld`,
+  :mod:`~renyi.analysis.allocation_pld` — privacy loss
   distributions with rigorous error bars.
 * :mod:`~renyi.analysis.events` — events (what ran), each owning its analyses (RDP curve,
   zCDP ρ, PLD pair, (ε, δ) profile).

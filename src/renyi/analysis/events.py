@@ -965,8 +965,9 @@ class RandomAllocationEvent(Event):
     records; each step runs ``event`` (the Gaussian) on the records allocated to it.
 
     Add/remove neighbours; compose epochs with :class:`SelfComposedEvent`. Analysis:
-    :mod:`renyi.allocation` (RDP: exact remove direction, proven bound of the add direction;
-    Feldman & Shenfeld 2025).
+    :mod:`renyi.analysis.allocation` (RDP: exact remove direction, proven bound of the add
+    direction; Feldman & Shenfeld 2025) and :mod:`renyi.analysis.allocation_pld` (PLD of an
+    explicit dominating pair, both directions).
     """
 
     num_steps: int
@@ -999,6 +1000,21 @@ class RandomAllocationEvent(Event):
     def zcdp_rho(self) -> float:
         # No amplification in zCDP: the record is in num_selected steps of the epoch.
         return self.num_selected * self.event.zcdp_rho()
+
+    def pld_pair(
+        self, *, value_discretization_interval: float, tail_mass: float, max_bins: int
+    ) -> PldPair:
+        from renyi.analysis.allocation_pld import allocation_pld
+
+        inner = _gaussian_inner(self.event, "random allocation")
+        return allocation_pld(
+            self.num_steps,
+            inner.noise_multiplier,
+            num_selected=self.num_selected,
+            value_discretization_interval=value_discretization_interval,
+            tail_mass=tail_mass,
+            max_bins=max_bins,
+        )
 
 
 @dataclass(frozen=True)
