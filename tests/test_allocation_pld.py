@@ -5,6 +5,7 @@ intervals, the exact remove-direction RDP, and a fuzz over extreme parameters.""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 from scipy.special import logsumexp
 from scipy.stats import binom, norm
 
+from renyi.accountants import PldAccountant
 from renyi.allocation import (
     allocation_delta_monte_carlo,
     allocation_rdp_remove,
@@ -22,8 +24,10 @@ from renyi.analysis.allocation_pld import (
     allocation_pld,
     lattice_allocation_pair,
 )
+from renyi.cli.main import main
 from renyi.conversions import rdp_to_dp
 from renyi.errors import PrivacyParameterError
+from renyi.events import GaussianEvent, RandomAllocationEvent
 from renyi.pld import PldGridError, PrivacyLossDistribution
 
 
@@ -219,3 +223,19 @@ def test_tiny_noise_no_lattice_falls_back_to_the_gaussian() -> None:
     g = PrivacyLossDistribution.gaussian(0.01, value_discretization_interval=1e-3).self_compose(2)
     assert rem is add
     assert float(rem.epsilon_for_delta(1e-5).upper) == float(g.epsilon_for_delta(1e-5).upper)
+
+
+def test_accountant_and_cli_report_the_pld_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    # n = 60000, b = 256: t = 234 batches per epoch (the CLI's n // b), one epoch
+    r = PldAccountant().compose(RandomAllocationEvent(234, GaussianEvent(1.1))).epsilon(1e-5)
+    assert r.details["bound"] == "pld" and r.epsilon < r.details["rdp_epsilon"] / 2
+    argv = ["epsilon", "--noise-multiplier", "1.1", "--delta", "1e-5", "--json"]
+    argv += ["--sampling", "random-allocation", "--dataset-size", "60000"]
+    argv += ["--batch-size", "256", "--epochs", "1"]
+    for accountant in ("pld", "all"):
+        assert main([*argv, "--accountant", accountant]) == 0
+        out = json.loads(capsys.readouterr().out)
+        (pld,) = [x for x in out["results"] if x["accountant"] == "pld"]
+        assert pld["bound"] == "upper"
+        assert pld["epsilon"] == pytest.approx(r.epsilon, rel=1e-9)
+        assert out["epsilon"] == pld["epsilon"] and out["sampling"] == "random-allocation"
