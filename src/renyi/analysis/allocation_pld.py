@@ -77,6 +77,7 @@ True
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -245,26 +246,45 @@ def _small_lattice(sigma: float, x0: float, spacing: float, top: int, n: int) ->
     return out
 
 
-def _conv_lower(a: FloatArray, b: FloatArray, n: int) -> FloatArray:
-    """A lower bound on the first ``n`` entries of the convolution of non-negative ``a`` and
-    ``b`` (direct summation: relative error at most ``γ_m``, plus underflow)."""
-    c = np.convolve(a, b)[:n]
-    m = min(a.size, b.size) + 2
+Window = tuple[int, FloatArray]  # (lattice index of the first entry, masses)
+
+
+def _conv_lower(a: Window, b: Window, lo: int, n: int) -> Window:
+    """A lower bound on the convolution of the non-negative lattice masses ``a`` and ``b`` on
+    the window ``[lo, lo + n)`` (``lo >= a.lo + b.lo``; entries outside are dropped). Direct
+    summation: every output is a sum of at most ``m`` non-negative products, so the computed
+    value is within a factor ``1 ± γ_m`` of the exact one (plus underflow)."""
+    full = np.convolve(a[1], b[1])
+    start = lo - a[0] - b[0]
+    c = np.zeros(n)
+    piece = full[start : start + n]
+    c[: piece.size] = piece
+    m = min(a[1].size, b[1].size) + 2
     gamma = m * _U / (1.0 - m * _U)
     out: FloatArray = np.maximum(c * (1.0 - gamma) * (1.0 - _U) - m * _TINY, 0.0)
-    return out
+    return lo, out
 
 
-def _power_lower(base: FloatArray, count: int, n: int) -> FloatArray:
-    """Lower bound on the ``count``-fold convolution power of ``base``, truncated to ``n``."""
-    result: FloatArray | None = None
-    power = base
+def _power_lower(
+    base: FloatArray, count: int, n: int, lowest: Callable[[int], int] = lambda m: 0
+) -> Window:
+    """Lower bound on the ``count``-fold convolution power of ``base`` (repeated squaring),
+    each partial sum of ``m`` terms kept on the window starting at ``lowest(m)``."""
+    result: Window | None = None
+    power: Window = (0, base)
+    m_power, m_result = 1, 0
     while count:
         if count & 1:
-            result = power if result is None else _conv_lower(result, power, n)
+            if result is None:
+                result, m_result = power, m_power
+            else:
+                m_result += m_power
+                lo = max(lowest(m_result), result[0] + power[0])
+                result = _conv_lower(result, power, lo, n)
         count >>= 1
         if count:
-            power = _conv_lower(power, power, n)
+            m_power *= 2
+            power = _conv_lower(power, power, max(lowest(m_power), 2 * power[0]), n)
     assert result is not None
     return result
 
@@ -333,15 +353,32 @@ def allocation_pair(
             "(smaller noise: use the RDP bound)",
         )
     x0, big, x_max = _cut_points(t, v, tail_mass)
-    spread = math.sqrt((t - 1) * math.expm1(min(v, 700.0)))
-    s_max = t + 12.0 * spread + 1.5 * big
-    spacing = (s_max - t * x0) / (n - 1)
+    # the lattice: from where the sum of t ratios almost surely is not below (a lower tail
+    # bound for non-negative summands, 1e-17) to one large-ish ratio above the bulk; the
+    # lattice's own spread (<= Δ²/4 per ratio) widens the bulk (a fixed point, 3 rounds)
+    spacing = 1.0
+    for _ in range(3):
+        var, m2 = math.expm1(min(v, 700.0)) + spacing**2 / 4, math.exp(min(v, 700.0))
+        low = max(t * x0, t - 8.8 * math.sqrt(t * (m2 + spacing**2 / 4)))
+        s_max = t + 12.0 * math.sqrt((t - 1) * var) + 1.5 * big
+        spacing = (s_max - low) / (n - 1)
     top = max(1, min(n - 1, int((big - x0) / spacing)))
     big = x0 + top * spacing  # the cut, on the lattice
     small = _small_lattice(sigma, x0, spacing, top, n)
-    rest = _power_lower(small, t - 1, n) if t > 1 else None
-    whole = small if rest is None else _conv_lower(rest, small, n)
-    ratios = [(t * x0 + np.arange(n) * spacing) / t]
+    vals = x0 + np.arange(n) * spacing
+    m2_lat = (
+        math.fsum((small * vals * vals).tolist())
+        + max(1.0 - math.fsum(small.tolist()), 0.0) * big * big
+    )
+
+    def lowest(m: int) -> int:  # first lattice index kept for a sum of m ratios
+        return max(0, math.floor((m * (1.0 - x0) - 8.8 * math.sqrt(m * m2_lat)) / spacing))
+
+    rest = _power_lower(small, t - 1, n, lowest) if t > 1 else None
+    lo_w, whole = (
+        (0, small) if rest is None else _conv_lower(rest, (0, small), max(lowest(t), rest[0]), n)
+    )
+    ratios = [(t * x0 + (lo_w + np.arange(n)) * spacing) / t]
     masses = [whole]
     if x_max > big * (1.0 + 1e-9):
         ratios_1, masses_1 = _one_large(sigma, t, x0, spacing, big, x_max, rest)
@@ -364,7 +401,7 @@ def _one_large(
     spacing: float,
     big: float,
     x_max: float,
-    rest: FloatArray | None,
+    rest_window: Window | None,
 ) -> tuple[FloatArray, FloatArray]:
     """Atoms (ratios, lower bounds on second-side masses) of the outcomes with exactly one
     coordinate's ratio in ``(big, x_max]`` (``t`` such patterns): that ratio by connect the
@@ -379,8 +416,9 @@ def _one_large(
     large[:-1] += low
     large[1:] += up
     large *= t * (1.0 - 4 * _U)
-    if rest is None:  # t = 1: the ratio itself
+    if rest_window is None:  # t = 1: the ratio itself
         return edges / t, large
+    lo_rest, rest = rest_window
     # the others' sum, coarsened (connect the dots: a spread) to at most _REST_POINTS points
     # of its support: it moves a sum of ratios above ``big`` by a fraction of its spread
     js = np.flatnonzero(rest > 1e-30 * float(rest.max()))
@@ -390,7 +428,7 @@ def _one_large(
     m_rest = np.bincount(lo_i, weights=rest[js] * (1.0 - w), minlength=lo_i[-1] + 2)
     m_rest += np.bincount(lo_i + 1, weights=rest[js] * w, minlength=lo_i[-1] + 2)
     m_rest *= 1.0 - 4 * _U * (c + 4)
-    vals_rest = (t - 1) * x0 + (js[0] + c * np.arange(m_rest.size)) * spacing
+    vals_rest = (t - 1) * x0 + (lo_rest + js[0] + c * np.arange(m_rest.size)) * spacing
     keep = m_rest > 0
     vals_rest, m_rest = vals_rest[keep], m_rest[keep]
     s_lo = big + vals_rest[0]
@@ -434,8 +472,8 @@ def lattice_allocation_pair(
     base = np.asarray(coordinate, dtype=np.float64)
     if base.ndim != 1 or base.size < 2 or not np.all(np.isfinite(base)) or np.any(base < 0):
         raise fail("coordinate", coordinate, "a 1-D vector of >= 2 non-negative masses")
-    q = _power_lower(base, t, base.size)
-    y = np.arange(base.size, dtype=np.float64) * (h / t)
+    lo, q = _power_lower(base, t, base.size)
+    y = (lo + np.arange(base.size, dtype=np.float64)) * (h / t)
     zero_mass = max(1.0 - math.fsum(q.tolist()), 0.0) + 64 * _U
     inf_mass = max(1.0 - math.fsum((q * y).tolist()), 0.0) + 64 * _U
     return AllocationPair(y, q, zero_mass, inf_mass)
