@@ -76,6 +76,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -352,6 +353,14 @@ def allocation_pair(
             f"a number >= {1.0 / math.sqrt(_MAX_V):.4g} for the allocation PLD "
             "(smaller noise: use the RDP bound)",
         )
+    return _build_pair(t, sigma, tail_mass, n)
+
+
+@functools.lru_cache(maxsize=16)
+def _build_pair(t: int, sigma: float, tail_mass: float, n: int) -> AllocationPair:
+    """:func:`allocation_pair` on validated arguments, cached (its arrays are read-only): an
+    accountant, a ledger re-pricing an entry or the CLI asking twice pays once."""
+    v = 1.0 / (sigma * sigma)
     x0, big, x_max = _cut_points(t, v, tail_mass)
     # the lattice: from where the sum of t ratios almost surely is not below (a lower tail
     # bound for non-negative summands, 1e-17) to one large-ish ratio above the bulk; the
@@ -391,6 +400,8 @@ def allocation_pair(
     # the leftover, with a margin for the rounding of the atoms' ratios and products
     zero_mass = max(1.0 - math.fsum(q.tolist()), 0.0) + 64 * _U
     inf_mass = max(1.0 - math.fsum((q * y).tolist()), 0.0) + 64 * _U
+    y.setflags(write=False)
+    q.setflags(write=False)
     return AllocationPair(y, q, zero_mass, inf_mass)
 
 
