@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from scipy import fft as sfft
@@ -106,6 +106,24 @@ def _rfft_weights(n_fft: int, size: int) -> FloatArray:
     return w
 
 
+def _spectral_error(err: Any, w: Any, n_fft: int, g: float) -> float:
+    """Bound on the L1 norm of the error of ``irfft(w, n_fft)`` given per-coefficient error
+    bounds ``err`` of the half spectrum ``w``.
+
+    Both parts go through 2-norms, ``||x||_1 <= sqrt(n) ||x||_2``, and Parseval,
+    ``||irfft(X)||_2 = ||X||_2 / sqrt(n)`` over the full (Hermitian) spectrum: the spectral
+    error contributes ``||E||_2``, a factor up to ``sqrt(n)`` below its L1 norm; the inverse
+    FFT's own round-off, ``g`` relative to the output's 2-norm (the normwise form of the
+    per-level model of :func:`_fft_level_error`: a radix-``r`` stage with per-output error
+    ``<= c u`` times the L1 norm of its ``r`` inputs errs by ``<= c u sqrt(r)`` relative in
+    2-norm, ``c u sqrt(r) <= 8 u log2(r)`` for ``r`` in 2..5), contributes ``g ||w||_2``.
+    """
+    wts = _rfft_weights(n_fft, w.size)
+    e2 = float(np.sum(wts * np.square(np.asarray(err, dtype=np.float64))))
+    w2 = float(np.sum(wts * np.square(np.abs(w).astype(np.float64))))
+    return (math.sqrt(e2) + g * math.sqrt(w2)) * (1.0 + 1e-6) + 1e-250
+
+
 def _tilts(log_mgf_pos: FloatArray, count: int, tilt: float | None) -> list[float]:
     """Exponential tilts used for one composition: 0 plus the Chernoff-optimal orders for a
     spread of reference deltas (so the round-off is relative wherever delta is evaluated)."""
@@ -120,28 +138,55 @@ def _tilts(log_mgf_pos: FloatArray, count: int, tilt: float | None) -> list[floa
     return sorted(lams)
 
 
+class _Run(NamedTuple):
+    """One tilted FFT result for :func:`_stitch`: untilted masses ``r * exp(log_z - lam L)``.
+
+    Errors, in the tilted L1 norm ``sum_i |e_i| exp(lam L_i - log_z)``: ``err`` bounds the
+    part spread over the whole output (FFT round-off, propagated input errors); ``alias(i0,
+    i1)`` the mass wrapped cyclically into output bins ``[i0, i1)`` (``None``: no wrap);
+    untilting entry ``i`` adds a relative error ``<= 4 u (c0 + lam |L_i| + |log r_i|)``, local
+    to it (the exponent's round-off, the final rounding to float64).
+    """
+
+    lam: float
+    log_z: float
+    err: float
+    r: Any
+    c0: float
+    alias: Callable[[int, int], float] | None = None
+
+
 def _stitch(
-    runs: Sequence[tuple[float, float, float, FloatArray]],
-    out_losses: FloatArray,
-    log_cap: float,
+    runs: Sequence[_Run], out_losses: FloatArray, log_cap: float
 ) -> tuple[FloatArray, list[_ErrTerm]]:
     """Combine results computed under several tilts, bin by bin.
 
-    Each run is ``(lam, log_z, e_tilted, r_tilted)``: the untilted masses are
-    ``r_tilted * exp(log_z - lam L)`` with error ``sum |e_i| exp(lam L_i) <= e_tilted exp(log_z)``.
-    Each bin takes the run whose error scale ``e_tilted exp(log_z - lam L)`` is smallest there;
-    the error of the stitched vector is the sum of the runs' errors restricted to their bins,
-    each bounded on its own (narrow) range.
+    Each bin takes the run whose error scale ``e_j exp(log_z - lam L)`` is smallest there;
+    the error of the stitched vector is the sum of the runs' errors restricted to their
+    bins, one term per contiguous piece a run owns, each bounded on its own (narrow) range
+    with the aliased mass and untilting error of that piece only.
     """
     # Runs come sorted by tilt and the first covers the whole window. The score of run j is
     # linear in L with slope -lam_j, so a later (larger-tilt) run wins on an interval: from
     # where it beats the current best at its window's left end onwards, within its window.
     n = out_losses.size
     owner = np.zeros(n, dtype=np.int64)
-    a_of = np.array([math.log(max(e, 1e-300)) + lz for _, lz, e, _ in runs])
-    lam_of = np.array([lam for lam, _, _, _ in runs])
+    top = float(np.max(np.abs(out_losses))) if n else 0.0
+
+    def spread(run: _Run) -> float:  # err + untilting error bound over the whole window
+        mass = float(np.nansum(np.abs(run.r)))
+        return run.err + 4.0 * _U * (run.c0 + run.lam * top) * mass
+
+    def alias(run: _Run, i0: int, i1: int) -> float:
+        return 0.0 if run.alias is None else run.alias(i0, i1)
+
+    base = [spread(run) for run in runs]
+    full = [b + alias(run, 0, n) for b, run in zip(base, runs, strict=True)]
+    a_of = np.log(np.maximum(full, 1e-300)) + np.array([run.log_z for run in runs])
+    lam_of = np.array([run.lam for run in runs])
     for j in range(1, len(runs)):  # a handful of tilts
-        lam, lz, e, r = runs[j]
+        run = runs[j]
+        lam, r = run.lam, run.r
         valid = np.flatnonzero(~np.isnan(r))
         if valid.size == 0:
             continue
@@ -151,7 +196,13 @@ def _stitch(
         ls = out_losses[seg]
         k = int(cur[0])
         if np.all(cur == k) and lam > lam_of[k]:  # one rival: the switch is a threshold in L
-            cut = (a_of[j] - a_of[k]) / (lam - lam_of[k])
+            # the wrapped mass a piece receives shrinks as the piece starts higher: find the
+            # threshold without it, then again with the alias of the piece from there on
+            a_j = math.log(max(base[j], 1e-300)) + run.log_z
+            cut = (a_j - a_of[k]) / (lam - lam_of[k])
+            start = lo_i + int(np.searchsorted(ls, cut, side="right"))
+            a_j = math.log(max(base[j] + alias(run, start, hi_i), 1e-300)) + run.log_z
+            cut = (a_j - a_of[k]) / (lam - lam_of[k])
             start = lo_i + int(np.searchsorted(ls, cut, side="right"))
             owner[start:hi_i] = j
         else:
@@ -164,11 +215,17 @@ def _stitch(
     starts = np.concatenate(([0], cuts))
     ends = np.concatenate((cuts, [n]))
     for i0, i1 in zip(starts.tolist(), ends.tolist(), strict=True):
-        lam, lz, e, r = runs[int(owner[i0])]
+        run = runs[int(owner[i0])]
+        lam, lz, r = run.lam, run.log_z, run.r
         seg = slice(i0, i1)
+        ls = out_losses[seg]
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            logv = np.log(np.maximum(r[seg], 0.0)) + lz - lam * out_losses[seg]
+            logv = np.log(np.maximum(r[seg], 0.0)) + lz - lam * ls
             probs[seg] = np.exp(np.minimum(logv, log_cap))
+            rs = np.abs(r[seg])
+            mag = run.c0 + lam * np.abs(ls) + np.abs(np.log(np.where(rs > 0, rs, 1.0)))
+            local = 4.0 * _U * float(np.sum(rs * mag))
+        e = run.err + alias(run, i0, i1) + local * (1.0 + 1e-9)
         terms.append(
             _term(
                 [lam],
@@ -185,7 +242,13 @@ def _tilted_rfft(
 ) -> tuple[Any, float]:
     """rfft of the masses tilted by ``exp(lam L - lm)`` (folded cyclically onto ``n_fft``
     points) and a bound on the absolute error of each coefficient; in extended precision
-    if ``ext``."""
+    if ``ext``.
+
+    The error bound is the FFT's (``g`` per unit of input L1 norm, :func:`_fft_level_error`),
+    the folding's, and the L1 norm of the tilting's own round-off: each tilted mass
+    ``exp(log p + lam L - lm)`` has a relative error ``<= 16 u (|log p| + lam |L| + |lm| + 1)``
+    (the exponent's absolute error, a few roundings of each part, plus ``exp``'s own).
+    """
     u = _U_EXT if ext else _U
     with np.errstate(over="ignore", under="ignore", divide="ignore"):
         if ext:
@@ -201,7 +264,10 @@ def _tilted_rfft(
     else:
         base = t
     tot = float(np.sum(t))
-    return sfft.rfft(base, n_fft), (g + (folds - 1) * u) * tot
+    with np.errstate(invalid="ignore"):
+        mag = np.abs(side.log_probs) + lam * np.abs(side.losses) + (abs(lm) + 1.0)
+        tilt_err = 16.0 * u * float(np.sum(np.where(t > 0, t * mag, 0.0)))
+    return sfft.rfft(base, n_fft), (g + (folds - 1) * u) * tot + tilt_err
 
 
 def _fft_power(z: Any, gz: float, T: int, u: float = _U) -> tuple[Any, FloatArray]:

@@ -23,7 +23,8 @@ from renyi.analysis.pld._fft import (
     _fft_level_error,
     _fft_power,
     _merge,
-    _rfft_weights,
+    _Run,
+    _spectral_error,
     _stitch,
     _term,
     _tilted_rfft,
@@ -535,12 +536,14 @@ class _Side:
             return 1 << math.ceil(math.log2(width * 1.02 / _num._MAX_BINS))
         K = np.arange(out_lo, out_hi + 1)
         out_l = K * h
+        # extended precision is the costly fallback for tiny deltas: afford wider windows
+        afford = (2 * width if ext else width + width // 4) + 1024
         if tilt is None:  # the largest useful tilt whose window stays affordable
             cands = _S_GRID[_S_GRID <= lams[-1]][::-1]
             lams = [0.0]
             for lam_c in cands:
                 c_lo, c_hi, _, _ = window(float(lam_c), log_al)
-                if c_hi - c_lo + 1 <= width + width // 4 + 1024:
+                if c_hi - c_lo + 1 <= afford:
                     lams.append(float(lam_c))
                     break
         runs = []
@@ -549,12 +552,16 @@ class _Side:
             w_lo, w_hi, up, dn = window(lam, log_al)
             if lam == 0.0:
                 w_lo, w_hi = out_lo, out_hi
-            elif w_hi < out_hi and out_hi - w_lo + 1 <= width + width // 4 + 1024:
+            elif w_hi < out_hi and out_hi - w_lo + 1 <= afford:
                 w_hi = out_hi  # tilted accuracy up to the top of the window (later levels)
-            alias = outside(w_lo, w_hi, up, dn)
             if w_hi - w_lo + 1 > _num._MAX_BINS or w_hi < out_lo or w_lo > out_hi:
                 continue  # this tilt would not help: the others cover the window
-            n_fft = sfft.next_fast_len(w_hi - w_lo + 1, real=True)
+            n_need = w_hi - w_lo + 1
+            if lam and ext:  # pad (up to 2x) so that little tilted mass wraps onto the window
+                p_lo, p_hi, _, _ = window(lam, log_al + math.log(_U_EXT / _U))
+                pad = max(p_hi - w_lo, w_hi - p_lo) + 1
+                n_need = min(max(n_need, pad), 2 * n_need, _num._MAX_BINS)
+            n_fft = sfft.next_fast_len(n_need, real=True)
             longest = max(longest, n_fft)
             ls, le = parts(lam) if lam else (float(lm_tab[n_g]), 0.0)
             if extra is not None and not lam:
@@ -568,18 +575,24 @@ class _Side:
                 err = err * (np.abs(ze) + gze) + np.abs(w) * gze
                 w = w * ze
                 err = err + 4.0 * u * np.abs(w)
-            wts = _rfft_weights(n_fft, z.size)
-            e_fft = float(np.sum(wts * err)) + g * float(np.sum(wts * np.abs(w)))
-            e_fft += 4.0 * u * n_fft + 1e-250
+            e_fft = _spectral_error(err, w, n_fft, g)
             r_cyc = sfft.irfft(w, n_fft)
             r = np.full(K.size, np.nan, dtype=r_cyc.dtype)
             a, b = max(w_lo, out_lo), min(w_hi, out_hi)
             start = (a - nat_lo) % n_fft  # cyclic position of the composed index a
             r[a - out_lo : b - out_lo + 1] = np.roll(r_cyc, -start)[: b - a + 1]
             log_z = T * ls + le
-            scale = 4.0 * _U * (1.0 + T * abs(ls) + abs(le) + lam * float(np.max(np.abs(out_l))))
-            e_tilted = e_fft + scale * float(np.sum(np.abs(r[a - out_lo : b - out_lo + 1]))) + alias
-            runs.append((lam, log_z, e_tilted, r))
+
+            def wrapped(
+                i0: int, i1: int, up: FloatArray = up, dn: FloatArray = dn, n_fft: int = n_fft
+            ) -> float:
+                """Tilted mass wrapped into output bins [i0, i1): composed index k lands on
+                k -+ n_fft, so only indices >= (first bin) + n_fft or <= (last) - n_fft."""
+                k0, k1 = int(out_lo) + i0, int(out_lo) + i1 - 1
+                return outside(k1 - n_fft + 1, k0 + n_fft - 1, up, dn)
+
+            c0 = 1.0 + T * abs(ls) + abs(le)
+            runs.append(_Run(lam, log_z, e_fft, r, c0, wrapped))
         with np.errstate(over="ignore", divide="ignore"):  # huge counts: stay finite
             log_fin = T * math.log(max(self.finite_mass, 1e-300))
             log_fin += math.log(max(extra.finite_mass, 1e-300)) if extra is not None else 0.0
@@ -657,12 +670,9 @@ class _Side:
             zb, gb = _tilted_rfft(b, lam, lb, n_fft, g, ext)
             w = za * zb
             r = sfft.irfft(w, n_fft)[:n_out]
-            wts = _rfft_weights(n_fft, w.size)
             dw = ga * np.abs(zb) + gb * np.abs(za) + ga * gb + 2 * u * np.abs(w)
-            e = float(np.sum(wts * dw)) + g * float(np.sum(wts * np.abs(w))) + 4.0 * u * n_fft
-            scale = 4.0 * _U * (1.0 + abs(float(la + lb)) + lam * float(np.max(np.abs(out_l))))
-            e += scale * float(np.sum(np.abs(r)))
-            runs.append((lam, float(la + lb), e, r))
+            e = _spectral_error(dw, w, n_fft, g)
+            runs.append(_Run(lam, float(la + lb), e, r, 1.0 + abs(float(la + lb))))
         fin = a.finite_mass * b.finite_mass
         log_cap = math.log(max(fin, 1e-300)) + 1e-9
         probs, errs = _stitch(runs, np.asarray(out_l, dtype=np.float64), log_cap)
