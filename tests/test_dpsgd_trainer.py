@@ -219,7 +219,7 @@ def test_fixed_size_calibration_meets_target_or_is_refused(digits: Any, name: st
         ({"delta": 0.0}, "delta"),
         ({"max_grad_norm": -1.0}, "max_grad_norm"),
         ({"noise_multiplier": 0.0}, "noise_multiplier"),
-        ({"sampling": "shuffle"}, "sampling"),
+        ({"sampling": "bogus"}, "sampling"),
     ],
 )
 def test_make_private_refuses_bad_arguments(digits: Any, kwargs: dict[str, Any], name: str) -> None:

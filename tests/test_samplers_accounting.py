@@ -375,21 +375,28 @@ def test_renyi_epsilon_takes_the_sampler() -> None:
         renyi.epsilon(delta=1e-5, sampling="shuffle", noise_multiplier=1.0, steps=3)
 
 
-def test_dp_optimizer_refuses_epoch_samplers() -> None:
+def test_dp_optimizer_charges_epoch_samplers_per_epoch_never_per_step() -> None:
     """A shuffled (or balls-in-bins) run can never be accounted per step, hence never with
-    the Poisson ε: the optimizer refuses the sampler before training."""
+    the Poisson ε: the optimizer charges the sampler's whole-epoch event, at each epoch's
+    first step (tests/test_dpsgd_epoch_samplers.py trains with them)."""
     torch = pytest.importorskip("torch")
     from renyi.dpsgd import DPOptimizer
     from renyi.dpsgd.sampler import BallsInBinsSampler, ShuffleSampler
 
     model = torch.nn.Linear(3, 1)
-    for sampler in (ShuffleSampler(100, 10, 10), BallsInBinsSampler(100, 10, 10)):
+    for sampler, kind in (
+        (ShuffleSampler(100, 10, 10), ShuffledEvent),
+        (BallsInBinsSampler(100, 10, 10), RandomAllocationEvent),
+    ):
         with pytest.raises(UnsupportedEventError, match="per epoch"):
-            DPOptimizer(
-                torch.optim.SGD(model.parameters(), lr=0.1),
-                model=model,
-                loss_fn=torch.nn.functional.mse_loss,
-                noise_multiplier=1.0,
-                max_grad_norm=1.0,
-                sampler=sampler,
-            )
+            sampler.accounting_event(1.0)
+        opt = DPOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            model=model,
+            loss_fn=torch.nn.functional.mse_loss,
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            sampler=sampler,
+        )
+        assert isinstance(opt.event, kind)
+        assert [opt.event_at(k) is not None for k in range(12)] == [k % 10 == 0 for k in range(12)]

@@ -145,19 +145,6 @@ class CyclicPoissonSampler(_PrivacySamplerBase):
             self.assignment = assignment.clone().long()
 
 
-class _RoundBudget:
-    """The user's budget hook, asked only at the steps where the plan charges."""
-
-    def __init__(self, budget: BudgetHook, optimizer: CorrelatedOptimizer) -> None:
-        self.budget = budget
-        self.optimizer = optimizer
-
-    def spend(self, event: Event) -> Any:
-        if self.optimizer.plan.charge_at(self.optimizer.steps_taken):
-            return self.budget.spend(event)
-        return None
-
-
 class CorrelatedOptimizer(DPOptimizer):
     """:class:`~renyi.dpsgd.optimizer.DPOptimizer` adding correlated noise ``C⁻¹ z``.
 
@@ -223,8 +210,6 @@ class CorrelatedOptimizer(DPOptimizer):
         self.plan = plan
         self.event = plan.step_event
         self._sensitivity = plan.sensitivity.value
-        if budget is not None:  # DPOptimizer.step asks it every step: only rounds cost
-            self.budget = _RoundBudget(budget, self)
 
     def draw_noise(self) -> torch.Tensor:
         """Row t of ``C⁻¹ Z`` times the sensitivity (one fresh N(0, I) draw per step)."""
@@ -233,11 +218,10 @@ class CorrelatedOptimizer(DPOptimizer):
             y.mul_(self._sensitivity)
         return y
 
-    def account(self) -> None:
-        """Count the step; charge ``plan.step_event`` when it starts a round."""
-        if self.plan.charge_at(self.steps_taken):
-            self._pending_steps += 1
-        self.steps_taken += 1
+    def event_at(self, step: int) -> Event | None:
+        """``plan.step_event`` at the steps where the plan charges (a round's first step, or
+        step 0), None elsewhere; the budget hook is asked only there."""
+        return self.event if self.plan.charge_at(step) else None
 
     def _check_plan(self) -> None:
         """Refuse a step past the plan: its noise would be charged to nobody (no opt-out)."""

@@ -12,16 +12,22 @@
 3. **scale** — :meth:`DPOptimizer.scale_grad` divides by the *expected* batch size ``q·n``,
    fixed before training. Never by the realised size: that is data-dependent and would leak
    (and it is never floored).
-4. **account** — :meth:`DPOptimizer.account` records one step of the sampler's accounting
-   event (``PoissonSampledEvent(q, GaussianEvent(σ))`` for Poisson sampling) in the
-   accountant, after asking the optional budget hook whether the step is allowed.
+4. **account** — :meth:`DPOptimizer.account` records the event the sampler says is due at
+   this step (:meth:`DPOptimizer.event_at`, which asks ``sampler.event_at(σ, k)``): one
+   ``PoissonSampledEvent(q, GaussianEvent(σ))`` per step for Poisson sampling; one whole
+   epoch's ``RandomAllocationEvent`` / ``ShuffledEvent`` at the first step of each epoch for
+   the epoch samplers (:class:`~renyi.dpsgd.sampler.BallsInBinsSampler`,
+   :class:`~renyi.dpsgd.sampler.ShuffleSampler`), so a partial epoch costs a full one. The
+   optional budget hook is asked for that event before any noise of the step is drawn.
 5. **step** — the wrapped optimizer's ``step()`` runs on the privatised gradient.
 
 Guarantee: if batches come from the sampler given here and every trainable parameter the
 wrapped optimizer updates is in ``model``, the released parameters after T steps satisfy
-whatever the accountant reports for T-fold composition of the sampler's event (add/remove
-neighbouring for Poisson sampling; Abadi et al. 2016, Thm. 1, with the tight analyses of
-Mironov, Talwar & Zhang 2019 or the PLD accountant).
+whatever the accountant reports for the composition of the events charged in those T steps,
+which is the sampler's ``training_event(σ, T)`` (add/remove neighbouring for Poisson sampling
+and random allocation, replace-one for fixed-size batches and shuffling; Abadi et al. 2016,
+Thm. 1, with the tight analyses of Mironov, Talwar & Zhang 2019 or the PLD accountant;
+Feldman & Shenfeld 2025 and Chua et al. 2025 for random allocation).
 
 Example:
     >>> import torch
@@ -105,7 +111,13 @@ class ClippingEngine(Protocol):
 
 
 class PrivacySampler(Protocol):
-    """A batch sampler that knows its accounting event (see :mod:`renyi.dpsgd.sampler`)."""
+    """A batch sampler that knows its accounting event (see :mod:`renyi.dpsgd.sampler`).
+
+    renyi's samplers also have ``charged_event(σ)`` (the unit they are accounted in) and
+    ``event_at(σ, step)`` (the event due before step ``step`` is released, or None when an
+    earlier charge covers it); a sampler without them is charged ``accounting_event(σ)`` at
+    every step.
+    """
 
     @property
     def sample_rate(self) -> float: ...
@@ -186,7 +198,10 @@ class DPOptimizer:
             evaluates it per example) or a callable returning one loss per example.
         noise_multiplier: σ > 0; the noise std on the clipped sum is σ·C.
         max_grad_norm: C > 0, the per-example L2 clipping norm.
-        sampler: the batch sampler (gives q, the expected batch size and the event).
+        sampler: the batch sampler (gives the expected batch size and, through its
+            ``event_at``, the event charged at each step: per step for Poisson, fixed-size
+            and truncated Poisson sampling, per epoch — at the epoch's first step, a partial
+            epoch costing a full one — for balls-in-bins and shuffling).
         accountant: ``"rdp"``, ``"pld"``, ``"zcdp"``, an accountant object (duck-typed:
             ``compose(event, count)``, ``epsilon(delta)``, ``state_dict()``), or None.
         random_source: noise source; default the sampler's source (secure by default). Only
@@ -199,7 +214,8 @@ class DPOptimizer:
             most this many examples (virtual steps); None = no split.
         clipping, grad_mode: passed to the clipping engine.
         engine: a ready clipping engine (advanced; it must clip to ``max_grad_norm``).
-        budget: optional :class:`BudgetHook` asked before every step.
+        budget: optional :class:`BudgetHook` asked before every charge (every step, or
+            the first step of each epoch for the epoch samplers), before any noise is drawn.
         capture: a backward capture (e.g. :class:`renyi.dpsgd.capture.PerExampleCapture`):
             when :meth:`accumulate` was not called, :meth:`step` takes the clipped sums of
             the user's own ``loss.backward()`` from it (the Opacus idiom).
@@ -272,7 +288,12 @@ class DPOptimizer:
         self.expected_batch_size = check_positive(
             "sampler.expected_batch_size", sampler.expected_batch_size
         )
-        self.event = sampler.accounting_event(self.noise_multiplier)
+        charged = getattr(sampler, "charged_event", None)
+        self.event = (
+            charged(self.noise_multiplier)
+            if charged is not None
+            else sampler.accounting_event(self.noise_multiplier)
+        )
         if isinstance(accountant, str):
             from renyi.accountants import make_accountant
 
@@ -317,7 +338,8 @@ class DPOptimizer:
         self.steps_taken = 0
         self._skip_next = False  # signal_skip_step: the next step() only collects
         self._mid_batch = False  # a skipped step collected sums of this logical batch
-        self._pending_steps = 0  # steps not yet composed into the accountant (lazy, exact)
+        self._pending_steps = 0  # charges not yet composed into the accountant (lazy, exact)
+        self._pending_event: Event | None = None  # what those charges are of
         self._summed: dict[str, torch.Tensor] | None = None
         self._examples_seen = 0
 
@@ -506,14 +528,30 @@ class DPOptimizer:
                 p.grad.div_(self.expected_batch_size)
 
     # -- stage 4: account -----------------------------------------------------------------
+    def event_at(self, step: int) -> Event | None:
+        """The event charged before step ``step`` (0-based) is released, or None when an
+        earlier charge covers it: the one place the optimizer learns what a step costs.
+
+        Asks the sampler (``sampler.event_at(σ, step)``); a sampler without ``event_at`` is
+        charged :attr:`event` at every step. Subclasses with another plan override this.
+        """
+        ask = getattr(self.sampler, "event_at", None)
+        return self.event if ask is None else ask(self.noise_multiplier, step)
+
     def account(self) -> None:
-        """Record one step of :attr:`event` (composed into the accountant lazily, exactly)."""
+        """Count the step and record the event due at it (composed lazily, exactly)."""
+        due = self.event_at(self.steps_taken)
+        if due is not None:
+            if self._pending_steps and due != self._pending_event:
+                self._flush()
+            self._pending_event = due
+            self._pending_steps += 1
         self.steps_taken += 1
-        self._pending_steps += 1
 
     def _flush(self) -> None:
         if self.accountant is not None and self._pending_steps:
-            self.accountant.compose(self.event, self._pending_steps)
+            event = self.event if self._pending_event is None else self._pending_event
+            self.accountant.compose(event, self._pending_steps)
             self._pending_steps = 0
 
     # -- stage 5: step --------------------------------------------------------------------
@@ -550,7 +588,9 @@ class DPOptimizer:
             return None
         self._mid_batch = False
         if self.budget is not None:  # the gate: refuses before any noise is drawn or released
-            self.budget.spend(self.event)
+            due = self.event_at(self.steps_taken)
+            if due is not None:
+                self.budget.spend(due)
         self.pre_step()
         result = self.original_optimizer.step()
         self._summed = None
@@ -619,7 +659,8 @@ class DPOptimizer:
 
     # -- privacy --------------------------------------------------------------------------
     def epsilon(self, delta: float) -> Any:
-        """The accountant's ε for all steps so far at ``delta`` (an ``EpsilonResult``)."""
+        """The accountant's ε for all steps so far at ``delta`` (an ``EpsilonResult``): every
+        event charged, so with an epoch sampler the current epoch counts in full."""
         if self.accountant is None:
             raise fail("accountant", None, "an accountant (pass accountant='rdp' or 'pld')")
         self._flush()

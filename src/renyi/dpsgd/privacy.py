@@ -8,9 +8,12 @@ sampler that matches the accounting event, and the optimizer that adds the noise
 
 Guarantee: training for at most ``steps`` optimizer steps with the returned loader and
 optimizer is (ε, δ)-DP with ε ≤ ``target_epsilon`` — add/remove neighbouring with Poisson
-sampling (default), replace-one with ``sampling="fixed_size"`` — by the composition theorem
-of the chosen accountant for the subsampled Gaussian (Abadi et al. 2016; Mironov, Talwar &
-Zhang 2019; Wang, Balle & Kasiviswanathan 2019).
+sampling (default) and random allocation, replace-one with ``sampling="fixed-size"`` and
+``"shuffle"`` — by the composition theorem of the chosen accountant for the sampler's event
+(:func:`renyi.analysis.events.training_event`; Abadi et al. 2016; Mironov, Talwar & Zhang
+2019; Wang, Balle & Kasiviswanathan 2019; Feldman & Shenfeld 2025 for random allocation).
+The epoch samplers (``"random-allocation"``, ``"shuffle"``) are charged one whole epoch at
+the first step of each epoch: a partial epoch costs a full one.
 
 Example:
     >>> import torch
@@ -42,20 +45,115 @@ from torch.utils.data import default_collate as _default_collate
 from renyi._validation import check_delta, check_int, check_positive, fail
 from renyi.calibration import CalibrationResult, calibrate_noise_multiplier, epochs_to_steps
 from renyi.dpsgd.optimizer import BudgetHook, ClippingEngine, DPOptimizer
-from renyi.dpsgd.sampler import FixedSizeSampler, PoissonSampler, make_random_source
-from renyi.errors import RenyiWarning
+from renyi.dpsgd.sampler import (
+    BallsInBinsSampler,
+    FixedSizeSampler,
+    PoissonSampler,
+    ShuffleSampler,
+    make_random_source,
+)
+from renyi.errors import PrivacyParameterError, RenyiWarning, UnsupportedEventError
 
 __all__ = [
+    "SAMPLING_NAMES",
     "EmptyBatchCollate",
     "PlanCompleteWarning",
     "PlannedBatchSampler",
     "PrivateTraining",
+    "calibrate_sampler_noise",
     "dataset_of",
     "make_private",
+    "normalise_sampling",
     "private_data_loader",
 ]
 
-SamplingName = Literal["poisson", "fixed_size"]
+SamplingName = Literal[
+    "poisson", "fixed_size", "fixed-size", "random-allocation", "random_allocation", "shuffle"
+]
+
+#: The samplers :func:`make_private` builds (``renyi.analysis.events.training_event``'s names;
+#: ``fixed_size`` and ``random_allocation`` are accepted too).
+SAMPLING_NAMES: tuple[str, ...] = ("poisson", "fixed-size", "random-allocation", "shuffle")
+
+#: Every sampler a private loader can run (the per-step and the per-epoch ones).
+AnySampler = PoissonSampler | FixedSizeSampler | BallsInBinsSampler | ShuffleSampler
+
+
+def normalise_sampling(sampling: str, name: str = "sampling") -> str:
+    """The canonical name (:data:`SAMPLING_NAMES`) of ``sampling`` (``_`` or ``-``)."""
+    canonical = sampling.replace("_", "-") if isinstance(sampling, str) else sampling
+    if canonical not in SAMPLING_NAMES:
+        raise fail(name, sampling, f"one of {list(SAMPLING_NAMES)}")
+    return str(canonical)
+
+
+def steps_per_epoch_of(sampling: str, dataset_size: int, batch_size: int) -> int:
+    """Batches in one epoch: ``n // b`` for random allocation (each epoch puts every record
+    in one of ``t = n // b`` batches), ``ceil(n / b)`` otherwise."""
+    if sampling == "random-allocation":
+        return dataset_size // batch_size
+    return -(-dataset_size // batch_size)
+
+
+def calibrate_sampler_noise(
+    target_epsilon: float,
+    delta: float,
+    sampler: AnySampler,
+    steps: int,
+    accountant: str = "pld",
+    *,
+    rtol: float = 1e-4,
+    max_noise_multiplier: float = 1e4,
+) -> CalibrationResult:
+    """Smallest σ (within ``rtol``, verified on the safe side) whose training event —
+    ``sampler.training_event(σ, steps)``, i.e. :func:`renyi.analysis.events.training_event`,
+    whole epochs for the epoch samplers — costs at most ``target_epsilon`` at ``delta`` by
+    ``accountant``.
+
+    Slow accountants (PLD) bracket around the RDP answer (cheap, and above PLD's in practice).
+
+    Raises:
+        PrivacyParameterError: the target is unreachable with σ ≤ ``max_noise_multiplier``.
+    """
+    from renyi.accountants import make_accountant
+    from renyi.calibration import _epsilon_fn, _finish, _unreachable
+
+    target = check_positive("target_epsilon", target_epsilon)
+    delta = check_delta(delta)
+    steps = check_int("steps", steps, 1)
+    eps, calls = _epsilon_fn(accountant, delta, lambda s: (sampler.training_event(s, steps), 1))
+    if eps(max_noise_multiplier).epsilon > target:
+        raise _unreachable(target, delta, accountant, max_noise_multiplier)
+    guess: float | None = None
+    if make_accountant(accountant).name != "rdp":
+        try:
+            guess = calibrate_sampler_noise(
+                target, delta, sampler, steps, "rdp", rtol=1e-3
+            ).noise_multiplier
+        except (PrivacyParameterError, UnsupportedEventError):
+            guess = None
+    if guess is not None:
+        hi = guess
+        while eps(hi).epsilon > target:
+            hi *= 1.25
+            if hi > max_noise_multiplier:
+                raise _unreachable(target, delta, accountant, max_noise_multiplier)
+        lo = hi / 1.25
+        while eps(lo).epsilon <= target:
+            hi, lo = lo, lo / 1.25
+            if lo < 1e-6:
+                raise fail("target_epsilon", target, "a target that some noise multiplier exceeds")
+    else:
+        lo, hi = 0.05, 2.0
+        while eps(lo).epsilon <= target:
+            lo /= 4.0
+            if lo < 1e-6:
+                raise fail("target_epsilon", target, "a target that some noise multiplier exceeds")
+        while eps(hi).epsilon > target:
+            lo, hi = hi, hi * 4.0
+            if hi > max_noise_multiplier:
+                raise _unreachable(target, delta, accountant, max_noise_multiplier)
+    return _finish("noise_multiplier", eps, calls, lo, hi, target, delta, rtol, increasing=False)
 
 
 class PlanCompleteWarning(RenyiWarning):
@@ -119,16 +217,16 @@ class PlannedBatchSampler:
     :class:`EmptyBatchCollate`), as :func:`private_data_loader` does.
 
     Args:
-        sampler: a :class:`~renyi.dpsgd.sampler.PoissonSampler` or
-            :class:`~renyi.dpsgd.sampler.FixedSizeSampler` (its ``steps`` is the plan).
-        steps_per_epoch: batches per pass (default ``⌈1/q⌉``).
+        sampler: a sampler of :mod:`renyi.dpsgd.sampler` (its ``steps`` is the plan).
+        steps_per_epoch: batches per pass (default: the sampler's ``steps_per_epoch`` for the
+            epoch samplers, else ``⌈1/q⌉``).
         unlimited: no plan (Opacus's ``make_private`` with a noise multiplier): every pass
             is one full pass of ``sampler`` (``sampler.steps`` batches), without end.
     """
 
     def __init__(
         self,
-        sampler: PoissonSampler | FixedSizeSampler,
+        sampler: AnySampler,
         steps_per_epoch: int | None = None,
         *,
         unlimited: bool = False,
@@ -137,7 +235,9 @@ class PlannedBatchSampler:
         if unlimited:
             steps_per_epoch = sampler.steps
         elif steps_per_epoch is None:
-            steps_per_epoch = max(1, math.ceil(1.0 / sampler.sample_rate - 1e-9))
+            steps_per_epoch = getattr(sampler, "steps_per_epoch", None) or max(
+                1, math.ceil(1.0 / sampler.sample_rate - 1e-9)
+            )
         self.steps_per_epoch = check_int("steps_per_epoch", steps_per_epoch, 1)
         self.unlimited = bool(unlimited)
         self._it: Any = None
@@ -280,7 +380,7 @@ def link_loader(loader: Any, optimizer: Any) -> None:
 
 def private_data_loader(
     data: Dataset[Any] | DataLoader[Any] | Sequence[Any],
-    sampler: PoissonSampler | FixedSizeSampler,
+    sampler: AnySampler,
     *,
     steps_per_epoch: int | None = None,
     unlimited: bool = False,
@@ -324,7 +424,7 @@ class PrivateTraining:
     model: torch.nn.Module
     optimizer: DPOptimizer
     data_loader: Any
-    sampler: PoissonSampler | FixedSizeSampler
+    sampler: AnySampler
     noise_multiplier: float
     max_grad_norm: float
     sample_rate: float
@@ -353,6 +453,14 @@ class PrivateTraining:
         """Restore :meth:`state_dict` (refuses a checkpoint of a different mechanism)."""
         if state["steps"] != self.steps:
             raise fail("checkpoint steps", state["steps"], f"{self.steps} (this run's)")
+        per_epoch = getattr(self.sampler, "steps_per_epoch", None)
+        taken = state["optimizer"].get("steps_taken")
+        if per_epoch is not None and isinstance(taken, int) and taken % per_epoch:
+            raise fail(  # before anything is restored: an epoch's allocation is not saved
+                "checkpoint",
+                f"{taken} steps taken (mid-epoch)",
+                f"a checkpoint at an epoch boundary (a multiple of {per_epoch} steps)",
+            )
         self.optimizer.load_state_dict(state["optimizer"])  # validates the mechanism first
         self.model.load_state_dict(state["model"])
         self.sampler.load_state_dict(state["sampler"])
@@ -367,6 +475,31 @@ class PrivateTraining:
     def load(self, path: str | os.PathLike[str]) -> None:
         """Read a checkpoint written by :meth:`save` and restore it."""
         self.load_state_dict(torch.load(path, weights_only=True))
+
+
+def _epoch_plan(
+    sampling: str, n: int, batch_size: int, epochs: float | None, steps: int | None
+) -> tuple[int, float, str]:
+    """(steps, sample rate, note) of an epoch sampler: an epoch is t batches, and every
+    epoch begun is charged in full."""
+    t = steps_per_epoch_of(sampling, n, batch_size)
+    rule = "n // b" if sampling == "random-allocation" else "ceil(n / b)"
+    unit = f"t={t} batches per epoch ({rule})"
+    if epochs is not None:
+        steps, _ = epochs_to_steps(epochs, t, 1)
+        note = f"epochs={epochs:g} × {unit} = {steps} steps"
+    else:
+        steps = check_int("steps", steps, 1)
+        note = f"steps={steps} given, {unit}"
+    whole = -(-steps // t)
+    if steps % t:
+        note += (
+            f"; charged as {whole} whole epochs (the last, partial epoch costs a full one: "
+            "its allocation is drawn and charged at its first step)"
+        )
+    else:
+        note += f" = {whole} epochs, each charged at its first step"
+    return steps, (n / t if sampling == "random-allocation" else batch_size) / n, note
 
 
 def make_private(
@@ -401,21 +534,39 @@ def make_private(
             replaced by the privacy sampler; ``batch_size`` defaults to its batch size).
         loss_fn: per-example loss for the clipping engine.
         delta: δ in (0, 1) of the guarantee (and of the calibration).
-        batch_size: *expected* batch size b; q = b / n. Fixed size with ``"fixed_size"``.
+        batch_size: *expected* batch size b; q = b / n. Fixed size with ``"fixed-size"``
+            and ``"shuffle"``; ``"random-allocation"`` makes ``t = n // b`` batches an epoch.
         max_grad_norm: clipping norm C.
         target_epsilon: ε to calibrate σ for; or give ``noise_multiplier`` instead.
         epochs / steps: training length (exactly one of them); epochs become
-            ⌈epochs · n / b⌉ steps, rounded up and stated in ``steps_note``.
+            ⌈epochs · n / b⌉ steps (⌈epochs · t⌉ for the epoch samplers, t batches an epoch),
+            rounded up and stated in ``steps_note``.
         accountant: ``"pld"`` (default, tight), ``"rdp"`` or ``"zcdp"``.
-        sampling: ``"poisson"`` (add/remove) or ``"fixed_size"`` (replace-one).
+        sampling: which batch sampler runs, and so which event is charged
+            (:func:`renyi.analysis.events.training_event`):
+
+            * ``"poisson"`` (default): :class:`~renyi.dpsgd.sampler.PoissonSampler`, one
+              ``PoissonSampledEvent`` per step (add/remove);
+            * ``"fixed-size"`` (or ``"fixed_size"``): fresh fixed-size batches,
+              :class:`~renyi.dpsgd.sampler.FixedSizeSampler`, per step (replace-one);
+            * ``"random-allocation"``: balls in bins,
+              :class:`~renyi.dpsgd.sampler.BallsInBinsSampler` — every example once per
+              epoch of ``t = n // b`` batches; one ``RandomAllocationEvent`` per epoch,
+              charged at the epoch's first step (add/remove; privacy close to Poisson's);
+            * ``"shuffle"``: :class:`~renyi.dpsgd.sampler.ShuffleSampler`, a random
+              permutation cut into batches of b; one ``ShuffledEvent`` per epoch (replace-one):
+              the proven bound, **without** amplification, so far larger than Poisson's ε
+              for the same σ and b. Never accounted as Poisson.
+
+            A partial epoch of an epoch sampler costs a whole epoch.
         seed: None for the secure OS source, an int for reproducible (insecure) experiments.
         allow_exceeding_target: with ``target_epsilon``, the optimizer refuses a step past
             the planned ``steps`` (:class:`~renyi.dpsgd.optimizer.PlanExceededError`) unless
             this is True.
 
     The returned ``data_loader`` yields the planned batches in epochs of ``⌈1/q⌉`` batches
-    and ends after ``steps`` of them, whatever loop wraps it (see
-    :class:`PlannedBatchSampler`).
+    (the sampler's ``steps_per_epoch`` for the epoch samplers) and ends after ``steps`` of
+    them, whatever loop wraps it (see :class:`PlannedBatchSampler`).
 
     Raises:
         PrivacyParameterError: inconsistent or out-of-range arguments.
@@ -444,9 +595,11 @@ def make_private(
             (target_epsilon, noise_multiplier),
             "exactly one of target_epsilon or noise_multiplier",
         )
-    if sampling not in ("poisson", "fixed_size"):
-        raise fail("sampling", sampling, "'poisson' or 'fixed_size'")
-    if epochs is not None:
+    sampling = normalise_sampling(sampling)  # type: ignore[assignment]
+    per_epoch_sampler = sampling in ("random-allocation", "shuffle")
+    if per_epoch_sampler:
+        steps, sample_rate, steps_note = _epoch_plan(sampling, n, batch_size, epochs, steps)
+    elif epochs is not None:
         steps, sample_rate = epochs_to_steps(epochs, n, batch_size)
         exact = epochs * n / batch_size
         if steps == exact:
@@ -462,16 +615,25 @@ def make_private(
         steps_note = f"steps={steps} given ({steps * batch_size / n:.6g} epochs)"
 
     source = make_random_source(seed)
-    sampler: PoissonSampler | FixedSizeSampler
+    sampler: AnySampler
     if sampling == "poisson":
         sampler = PoissonSampler(n, sample_rate, steps, random_source=source)
-    else:
+    elif sampling == "fixed-size":
         sampler = FixedSizeSampler(n, batch_size, steps, random_source=source)
+    elif sampling == "random-allocation":
+        sampler = BallsInBinsSampler(n, batch_size, steps, random_source=source)
+    else:
+        sampler = ShuffleSampler(n, batch_size, steps, random_source=source)
 
     calibration: CalibrationResult | None = None
     if target_epsilon is not None:
         target_epsilon = check_positive("target_epsilon", target_epsilon)
-        if sampling == "poisson":
+        if per_epoch_sampler:
+            calibration = calibrate_sampler_noise(
+                target_epsilon, delta, sampler, steps, accountant=accountant
+            )
+            sigma = calibration.noise_multiplier
+        elif sampling == "poisson":
             calibration = calibrate_noise_multiplier(
                 target_epsilon, delta, sample_rate, steps, accountant=accountant
             )

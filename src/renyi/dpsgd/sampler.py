@@ -30,6 +30,15 @@ The last two are analysed per *epoch*, not per step: their :meth:`accounting_eve
 :class:`~renyi.errors.UnsupportedEventError` (a per-step event would be wrong) and training
 is accounted with :meth:`training_event`.
 
+Every sampler answers the one question the optimizer asks before it releases step ``k``
+(0-based): :meth:`event_at` — the event to charge now, or None when an earlier charge covers
+the step. Per-step samplers charge their :meth:`accounting_event` at every step; the epoch
+samplers charge their whole epoch's event (:meth:`charged_event`) at the first step of each
+epoch (``k % steps_per_epoch == 0``), before any noise of that epoch is released, so a partial
+epoch costs a full one. :meth:`charges` counts the charges of the first ``steps`` steps, so
+``charges(T)`` compositions of :meth:`charged_event` is exactly :meth:`training_event` of ``T``
+steps.
+
 Randomness comes from a :class:`TorchRandomSource`, the torch-facing adapter of
 :mod:`renyi.random` (the package's one source of randomness). The default,
 :class:`SecureRandomSource`, turns the words of :class:`renyi.random.SecureSource` (OS
@@ -63,6 +72,7 @@ from renyi.analysis.events import (
     Neighbouring,
     PoissonSampledEvent,
     SampledWithoutReplacementEvent,
+    SelfComposedEvent,
     TruncatedPoissonSampledEvent,
     default_max_batch_size,
     training_event,
@@ -251,6 +261,19 @@ class _PrivacySamplerBase:
 
     def accounting_event(self, noise_multiplier: float) -> Event:  # pragma: no cover
         raise NotImplementedError
+
+    def charged_event(self, noise_multiplier: float) -> Event:
+        """The unit this sampler is accounted in: one step's event (per-step samplers)."""
+        return self.accounting_event(noise_multiplier)
+
+    def event_at(self, noise_multiplier: float, step: int) -> Event | None:
+        """The event to charge before step ``step`` (0-based) is released, or None when an
+        earlier charge already covers it. Per-step samplers: every step is charged."""
+        return self.charged_event(noise_multiplier)
+
+    def charges(self, steps: int) -> int:
+        """How many :meth:`charged_event` charges the first ``steps`` steps make."""
+        return check_int("steps", steps, 0)
 
     def _fixed_batch_setup(
         self,
@@ -468,8 +491,6 @@ class TruncatedPoissonSampler(PoissonSampler):
         return max(1, round(self.expected_batch_size))
 
     def training_event(self, noise_multiplier: float, steps: int | None = None) -> Event:
-        from renyi.analysis.events import SelfComposedEvent
-
         return SelfComposedEvent(
             self.accounting_event(noise_multiplier), self.steps if steps is None else steps
         )
@@ -504,6 +525,7 @@ class _EpochSampler(_PrivacySamplerBase):
     ) -> None:
         self._fixed_batch_setup(num_samples, batch_size, steps, random_source)
         self._epoch = []
+        self._served = 0  # batches served since construction (or since the restored state)
 
     @property
     def steps_per_epoch(self) -> int:  # pragma: no cover - overridden
@@ -519,24 +541,65 @@ class _EpochSampler(_PrivacySamplerBase):
             ", steps), or use PoissonSampler / FixedSizeSampler for per-step accounting"
         )
 
+    def charged_event(self, noise_multiplier: float) -> Event:
+        """One whole epoch's event (``RandomAllocationEvent`` / ``ShuffledEvent``): the
+        one-epoch :meth:`training_event`, i.e. :func:`renyi.analysis.events.training_event`."""
+        whole = self.training_event(noise_multiplier, self.steps_per_epoch)
+        if not isinstance(whole, SelfComposedEvent) or whole.count != 1:  # pragma: no cover
+            raise UnsupportedEventError(f"no one-epoch event for {type(self).__name__}")
+        return whole.event
+
+    def event_at(self, noise_multiplier: float, step: int) -> Event | None:
+        """The epoch's event at the first step of each epoch (``step % steps_per_epoch ==
+        0``), before any of its noise is released; None within an epoch (already paid)."""
+        step = check_int("step", step, 0)
+        return self.charged_event(noise_multiplier) if step % self.steps_per_epoch == 0 else None
+
+    def charges(self, steps: int) -> int:
+        """Epochs begun in the first ``steps`` steps, ``ceil(steps / steps_per_epoch)``."""
+        return -(-check_int("steps", steps, 0) // self.steps_per_epoch)
+
+    @property
+    def sample_rate(self) -> float:
+        """The fraction of the data in one batch on average (``1 / steps_per_epoch`` for
+        random allocation, ``b / n`` for shuffling); descriptive only: these samplers are
+        accounted per epoch, never as Poisson sampling at this rate."""
+        return self.expected_batch_size / self.num_samples
+
     def _new_epoch(self) -> list[torch.Tensor]:  # pragma: no cover - overridden
         raise NotImplementedError
 
     def _draw(self) -> torch.Tensor:
-        k = self._position % self.steps_per_epoch
-        if k == 0 or not self._epoch:
+        # Epochs are counted over every batch served, across passes: batch number s belongs
+        # to epoch s // steps_per_epoch, which is where the optimizer charges (a pass of
+        # `steps` batches that ends mid-epoch continues that epoch's allocation next pass).
+        k = self._served % self.steps_per_epoch
+        if k == 0:
             self._epoch = self._new_epoch()
+        elif not self._epoch:  # pragma: no cover - load_state_dict refuses mid-epoch states
+            raise fail("sampler state", "mid-epoch", "an epoch boundary")
+        self._served += 1
         return self._epoch[k]
 
+    def state_dict(self) -> dict[str, Any]:
+        """Position within the pass, batches served in all, and the random source's state."""
+        state = super().state_dict()
+        state["served"] = self._served
+        return state
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        if self._position % self.steps_per_epoch:
+        """Restore :meth:`state_dict`, at an epoch boundary only (the allocation of a
+        running epoch is not saved: resuming mid-epoch would draw a second one)."""
+        served = check_int("state['served']", state.get("served", state["position"]), 0)
+        if served % self.steps_per_epoch:
             raise fail(
-                "state['position']",
-                self._position,
+                "state['served']",
+                served,
                 "an epoch boundary (a multiple of steps_per_epoch): the epoch's allocation "
                 "is not saved",
             )
+        super().load_state_dict(state)
+        self._served = served
         self._epoch = []
 
 
