@@ -3,7 +3,9 @@
 Same (σ, n, b, epochs) for every sampler, δ = 1e-5. For each sampler: our RDP and PLD upper
 bounds (where the event has that analysis), dp_accounting's value where it has the event
 (0.6.0: Poisson and truncated Poisson by PLD, fixed-size by RDP; it has no random-allocation
-or shuffling event), the proven lower bound for the one-batch-per-epoch samplers, and for
+or shuffling event), jax_privacy 2.0.0's DP-SGD accountant where it has the sampler (Poisson,
+truncated Poisson, fixed size by its reduction to Poisson at σ/2; balls in bins only by Monte
+Carlo), the proven lower bound for the one-batch-per-epoch samplers, and for
 random allocation a Monte Carlo reference: privacy-loss samples of the dominating pair (the
 remove direction sampled under P, the add direction under Q, so every summand of
 δ(ε) = E[(1 - e^(ε - L))_+] lies in [0, 1]), giving the ε at which the estimated δ crosses
@@ -47,6 +49,29 @@ def _dp_accounting(sampling: str, n: int, b: int, sigma: float, steps: int, delt
         return None
     acc.compose(dpa.SelfComposedDpEvent(event, steps))
     return float(acc.get_epsilon(delta))
+
+
+def _jax_privacy_eps(sampling: str, n: int, b: int, sigma: float, steps: int, delta: float):
+    """jax_privacy 2.0.0's DP-SGD accountant (PLD) where it has the sampler: Poisson,
+    truncated Poisson and fixed size (its reduction: Poisson at σ/2); None elsewhere."""
+    try:
+        from jax_privacy.accounting import accountants, analysis
+    except Exception:  # pragma: no cover - optional peer
+        return None
+    kwargs = {}
+    if sampling == "poisson":
+        pass
+    elif sampling == "truncated-poisson":
+        kwargs = {"truncated_batch_size": default_max_batch_size(b)}
+    elif sampling == "fixed-size":
+        kwargs = {"sampling_method": analysis.SamplingMethod.FIXED_BATCH_SIZE}
+    else:
+        return None
+    params = analysis.DpParams(
+        noise_multipliers=sigma, num_samples=n, delta=delta, batch_size=b, **kwargs
+    )
+    acc = analysis.DpsgdTrainingAccountant(accountants.PldAccountantConfig())
+    return float(acc.compute_epsilon(steps, params))
 
 
 def _jax_privacy_delta(t: int, sigma: float, eps: float, samples: int) -> tuple[float, float]:
@@ -122,7 +147,8 @@ def main() -> None:
     a = p.parse_args()
     n, b, sigma, e, delta = a.n, a.batch_size, a.sigma, a.epochs, a.delta
     print(f"n={n} b={b} sigma={sigma} epochs={e} delta={delta:g}")
-    print(f"{'sampler':18} {'ours rdp':>9} {'ours pld':>9} {'dp_acc':>9} {'lower':>9}  notes")
+    head = f"{'sampler':18} {'ours rdp':>9} {'ours pld':>9} {'dp_acc':>9} {'jax_priv':>9}"
+    print(f"{head} {'lower':>9}  notes")
     eps_poisson = math.nan
     for sampling in SAMPLINGS:
         per_epoch = {"random-allocation": n // b, "shuffle": -(-n // b)}.get(sampling, n / b)
@@ -135,6 +161,9 @@ def main() -> None:
         ours = {r.accountant: r.epsilon for r in rep.results}
         dt = time.perf_counter() - t0
         peer = _dp_accounting(sampling, n, b, sigma, steps, delta)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            jax_eps = _jax_privacy_eps(sampling, n, b, sigma, steps, delta)
         lower, notes = math.nan, f"{dt:.2f} s"
         if sampling in ("random-allocation", "shuffle"):
             t = int(per_epoch)
@@ -166,7 +195,7 @@ def main() -> None:
         fmt = lambda x: "n/a" if x is None or not math.isfinite(x) else f"{x:.4f}"  # noqa: E731
         print(
             f"{sampling:18} {fmt(ours.get('rdp')):>9} {fmt(ours.get('pld')):>9} "
-            f"{fmt(peer):>9} {fmt(lower):>9}  {notes}"
+            f"{fmt(peer):>9} {fmt(jax_eps):>9} {fmt(lower):>9}  {notes}"
         )
 
 
