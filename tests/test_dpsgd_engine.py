@@ -247,7 +247,8 @@ def test_ghost_mode_returns_the_criterion_as_opacus() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [
-        ({"poisson_sampling": False}, "poisson_sampling"),
+        ({"poisson_sampling": False, "sampling": "poisson"}, "poisson_sampling"),
+        ({"sampling": "bogus"}, "sampling"),
         ({"noise_generator": torch.Generator()}, "noise_generator"),
         ({"batch_first": False}, "batch_first"),
         ({"grad_sample_mode": "magic"}, "grad_sample_mode"),

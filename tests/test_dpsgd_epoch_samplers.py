@@ -328,3 +328,107 @@ def test_epoch_boundaries_stay_aligned_when_a_pass_ends_mid_epoch() -> None:
         assert sorted(i for b in batches[6 * e : 6 * e + 6] for i in b) == list(range(N))
     state = sampler.state_dict()
     assert state["served"] == 36 and state["position"] == 0
+
+
+# -- the Opacus-style engine ------------------------------------------------------------
+
+
+def _indexed_loader(n: int = N, batch_size: int = B) -> Any:
+    """A shuffled DataLoader whose first input column is the example's index."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 4, generator=g)
+    x[:, 0] = torch.arange(n, dtype=x.dtype)
+    y = (x[:, 1] > 0).long()
+    return torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, y), batch_size=batch_size, shuffle=True
+    )
+
+
+def _opacus_loop(model: Any, optimizer: Any, loader: Any, epochs: int) -> list[list[int]]:
+    """The Opacus idiom: loss.backward(); optimizer.step(). Returns the indices per epoch."""
+    criterion = nn.CrossEntropyLoss()
+    used = []
+    for _ in range(epochs):
+        seen: list[int] = []
+        for x, y in loader:
+            seen += x[:, 0].long().tolist()
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+        used.append(seen)
+    return used
+
+
+def test_opacus_poisson_sampling_false_trains_shuffled_and_reports_the_proven_bound() -> None:
+    import re
+
+    from renyi.dpsgd import PrivacyEngine
+    from renyi.dpsgd.engine import ShuffledBatchesWarning
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    engine = PrivacyEngine(accountant="rdp")
+    with pytest.warns(ShuffledBatchesWarning, match="no amplification") as record:
+        model, optimizer, loader = engine.make_private(
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=_indexed_loader(),
+            noise_multiplier=SIGMA,
+            max_grad_norm=1.0,
+            poisson_sampling=False,
+            epochs=2,
+            seed=0,
+        )
+    used = _opacus_loop(model, optimizer, loader, 2)
+    for seen in used:  # shuffled batches: every example exactly once per epoch
+        assert sorted(seen) == list(range(N))
+    shuffled = _epsilon(training_event("shuffle", SIGMA, dataset_size=N, batch_size=B, steps=12))
+    poisson = _epsilon(training_event("poisson", SIGMA, dataset_size=N, batch_size=B, steps=12))
+    reported = engine.get_epsilon(DELTA)
+    assert reported == pytest.approx(shuffled, rel=1e-12)
+    assert reported > 3 * poisson  # never the Poisson value
+    # the warning names both numbers (at the default delta 1e-5 over the planned epochs)
+    text = next(str(w.message) for w in record if w.category is ShuffledBatchesWarning)
+    claimed = re.search(r"would claim epsilon=([0-9.e+-]+)", text)
+    proven = re.search(r"cost epsilon=([0-9.e+-]+)", text)
+    assert claimed is not None and proven is not None
+    assert float(claimed.group(1)) == pytest.approx(poisson, rel=1e-3)
+    assert float(proven.group(1)) == pytest.approx(shuffled, rel=1e-3)
+    assert "sampling='random-allocation'" in text and "poisson_sampling=True" in text
+
+
+@pytest.mark.parametrize("kw", [{"poisson_sampling": False}, {"sampling": "random-allocation"}])
+def test_opacus_make_private_with_epsilon_calibrates_on_the_epoch_event(kw: dict[str, Any]) -> None:
+    from renyi.dpsgd import PrivacyEngine
+    from renyi.dpsgd.engine import ShuffledBatchesWarning
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    engine = PrivacyEngine(accountant="rdp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ShuffledBatchesWarning)
+        model, optimizer, loader = engine.make_private_with_epsilon(
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=_indexed_loader(),
+            target_epsilon=5.0,
+            target_delta=DELTA,
+            epochs=2,
+            max_grad_norm=1.0,
+            seed=0,
+            **kw,
+        )
+    sampling = "shuffle" if kw.get("poisson_sampling") is False else "random-allocation"
+    sigma = optimizer.noise_multiplier
+    assert optimizer.max_steps == 12 and len(loader) == 6
+    event = training_event(sampling, sigma, dataset_size=N, batch_size=B, steps=12)
+    assert 5.0 * (1 - 1e-3) < _epsilon(event) <= 5.0
+    from renyi.dpsgd.privacy import PlanCompleteWarning
+
+    with pytest.warns(PlanCompleteWarning):
+        used = _opacus_loop(model, optimizer, loader, 3)  # the third pass yields nothing
+    assert [sorted(u) for u in used[:2]] == [list(range(N))] * 2 and used[2] == []
+    assert engine.get_epsilon(DELTA) == pytest.approx(_epsilon(event), rel=1e-12)
+    if sampling == "random-allocation":  # amplified: far below the shuffle bound at this σ
+        shuffled = training_event("shuffle", sigma, dataset_size=N, batch_size=B, steps=12)
+        assert _epsilon(shuffled) > 2 * engine.get_epsilon(DELTA)

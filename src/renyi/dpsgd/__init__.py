@@ -11,7 +11,12 @@ from renyi.dpsgd.correlated import (
     make_private_correlated,
 )
 from renyi.dpsgd.data import DatasetNotFoundError, load_digits, load_fashion_mnist
-from renyi.dpsgd.engine import BatchMemoryManager, GradSampleModule, PrivacyEngine
+from renyi.dpsgd.engine import (
+    BatchMemoryManager,
+    GradSampleModule,
+    PrivacyEngine,
+    ShuffledBatchesWarning,
+)
 from renyi.dpsgd.ghost import GHOST_LAYER_TYPES, supports_ghost
 from renyi.dpsgd.grad_sample import (
     NonFiniteGradientError,
@@ -30,6 +35,7 @@ from renyi.dpsgd.privacy import (
     EmptyBatchCollate,
     PlanCompleteWarning,
     PrivateTraining,
+    calibrate_sampler_noise,
     make_private,
     private_data_loader,
 )
@@ -69,12 +75,14 @@ __all__ = [
     "SecureRandomSource",
     "SeededRandomSource",
     "ShuffleSampler",
+    "ShuffledBatchesWarning",
     "TrainHistory",
     "Trainer",
     "TruncatedPoissonSampler",
     "UnclippedGradientError",
     "UnsupportedModelError",
     "adaptive_noise_multiplier",
+    "calibrate_sampler_noise",
     "check_model",
     "clipping_weights",
     "evaluate",

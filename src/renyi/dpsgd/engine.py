@@ -22,8 +22,15 @@ as Opacus). What differs, on purpose:
 
 * **sampling**: the loader's sampler is replaced by a Poisson one at ``q = 1/len(loader)``
   (as Opacus), its ``collate_fn``/``num_workers``/``pin_memory`` kept; empty batches are
-  collated as zero-row tensors. ``poisson_sampling=False`` is refused: no accountant here
-  analyses the shuffled batches it would keep, and accounting them as Poisson understates ε.
+  collated as zero-row tensors. renyi's ``sampling=`` picks another sampler and, with it,
+  the event charged: ``"random-allocation"`` (balls in bins: every example once per epoch
+  of ``n // b`` batches, privacy close to Poisson's, charged per epoch), ``"shuffle"``,
+  ``"fixed-size"``.
+* **``poisson_sampling=False``** trains with shuffled batches of the loader's batch size,
+  as Opacus does, but accounts them honestly: the proven bound for shuffling
+  (:class:`~renyi.analysis.events.ShuffledEvent`, one Gaussian per epoch, no amplification),
+  never the Poisson ε Opacus would report for them, and says so with a
+  :class:`ShuffledBatchesWarning` naming the Poisson value and how to get amplification.
 * **the plan is enforced**: with ``make_private_with_epsilon`` the loader yields
   ``epochs × len(loader)`` batches in ``epochs`` passes and then ends, and the optimizer
   refuses a step past them (:class:`~renyi.dpsgd.optimizer.PlanExceededError`) unless
@@ -43,7 +50,8 @@ as Opacus). What differs, on purpose:
 
 Guarantee: as :class:`~renyi.dpsgd.optimizer.DPOptimizer`: the Poisson-subsampled Gaussian,
 add/remove neighbouring, composed over the steps taken (Abadi et al. 2016; Mironov, Talwar &
-Zhang 2019 for RDP; PLD for ``"prv"``/``"pld"``).
+Zhang 2019 for RDP; PLD for ``"prv"``/``"pld"``); with another ``sampling``, that sampler's
+event (:func:`renyi.analysis.events.training_event`), per epoch for the epoch samplers.
 """
 
 from __future__ import annotations
@@ -58,8 +66,82 @@ from torch.utils.data import DataLoader
 from renyi._validation import check_delta, check_int, check_positive, fail
 from renyi.dpsgd.grad_sample import UnsupportedModelError
 from renyi.dpsgd.optimizer import DPOptimizer
+from renyi.errors import RenyiWarning
 
-__all__ = ["BatchMemoryManager", "GradSampleModule", "PrivacyEngine"]
+__all__ = ["BatchMemoryManager", "GradSampleModule", "PrivacyEngine", "ShuffledBatchesWarning"]
+
+
+class ShuffledBatchesWarning(RenyiWarning):
+    """``poisson_sampling=False``: training runs on shuffled batches and is accounted with
+    the proven shuffling bound (no amplification), far above the Poisson ε Opacus reports."""
+
+
+def _resolve_sampling(poisson_sampling: bool, sampling: str | None) -> tuple[str, bool]:
+    """(canonical sampling, whether it came from ``poisson_sampling=False``)."""
+    from renyi.dpsgd.privacy import normalise_sampling
+
+    if sampling is None:
+        return ("poisson", False) if poisson_sampling else ("shuffle", True)
+    kind = normalise_sampling(sampling)
+    if kind == "poisson" and not poisson_sampling:
+        raise fail(
+            "poisson_sampling", poisson_sampling, f"True with sampling={sampling!r} (or drop one)"
+        )
+    return kind, False
+
+
+def _batch_size_of(data_loader: DataLoader[Any], sampling: str) -> int:
+    b = data_loader.batch_size
+    if b is None:
+        raise fail(
+            "data_loader.batch_size",
+            None,
+            f"a DataLoader with a batch_size (sampling={sampling!r} makes batches of it)",
+        )
+    return check_int("data_loader.batch_size", b, 1)
+
+
+def _engine_sampler(
+    sampling: str, n: int, batch_size: int, steps: int, source: Any
+) -> tuple[Any, int]:
+    """The sampler of ``sampling`` for ``steps`` steps and its batches per epoch."""
+    from renyi.dpsgd.sampler import BallsInBinsSampler, FixedSizeSampler, ShuffleSampler
+
+    if sampling == "fixed-size":
+        return FixedSizeSampler(n, batch_size, steps, random_source=source), -(-n // batch_size)
+    cls = BallsInBinsSampler if sampling == "random-allocation" else ShuffleSampler
+    sampler = cls(n, batch_size, steps, random_source=source)
+    return sampler, sampler.steps_per_epoch
+
+
+def _shuffle_warning(
+    sampler: Any, noise_multiplier: float, epochs: int, delta: float, accountant: str
+) -> str:
+    """What a ``poisson_sampling=False`` user must know: the proven shuffling ε, the Poisson
+    ε Opacus would have reported for the same run, and how to get amplification."""
+    from renyi.accountants import make_accountant
+    from renyi.analysis.events import training_event
+
+    steps = epochs * sampler.steps_per_epoch
+    n, b = sampler.num_samples, sampler.batch_size
+
+    def eps(kind: str) -> float:
+        event = training_event(kind, noise_multiplier, dataset_size=n, batch_size=b, steps=steps)
+        acc = make_accountant(accountant).compose(event)
+        return float(acc.epsilon(delta).epsilon)
+
+    span = f"{epochs} epoch{'s' if epochs != 1 else ''}"
+    return (
+        f"poisson_sampling=False: training on shuffled batches of {b} (renyi's "
+        "ShuffleSampler), accounted with the proven shuffling bound, which has no "
+        f"amplification: {span} at sigma={noise_multiplier:.4g} cost epsilon={eps('shuffle'):.4g}"
+        f" at delta={delta:g} (replace-one neighbours). Poisson accounting of the same run "
+        f"would claim epsilon={eps('poisson'):.4g}, which is not proven for shuffled batches "
+        "and is never reported here. For that amplification, train with Poisson sampling "
+        "(poisson_sampling=True) or balls-in-bins (sampling='random-allocation': every "
+        "example once per epoch, privacy close to Poisson's)"
+    )
+
 
 _ACCOUNTANTS = {"prv": "pld", "pld": "pld", "rdp": "rdp", "zcdp": "zcdp"}
 _MODES = ("hooks", "functorch", "ew", "expanded_weights", "ghost", "ghost_fsdp", "auto", "vmap")
@@ -275,6 +357,7 @@ class PrivacyEngine:
         epochs: int | None = None,
         seed: int | None = None,
         allow_exceeding_target: bool = False,
+        sampling: str | None = None,
         _target: tuple[float, float] | None = None,
         **kwargs: Any,
     ) -> tuple[Any, ...]:
@@ -282,10 +365,28 @@ class PrivacyEngine:
 
         ``(module, optimizer, criterion, data_loader)`` with ``grad_sample_mode="ghost"``.
         renyi extras: ``epochs`` (the loader then ends after ``epochs × len(loader)``
-        batches), ``seed`` (reproducible, insecure noise and sampling), and the adaptive
-        clipping arguments of Opacus (``target_unclipped_quantile``,
+        batches), ``seed`` (reproducible, insecure noise and sampling), ``sampling`` (below),
+        and the adaptive clipping arguments of Opacus (``target_unclipped_quantile``,
         ``clipbound_learning_rate``, ``max_clipbound``, ``min_clipbound``,
         ``unclipped_num_std``) with ``clipping="adaptive"``.
+
+        ``sampling``: ``"poisson"`` (default; ``q = 1/len(data_loader)``),
+        ``"random-allocation"`` (balls in bins: each epoch every example goes to one of
+        ``n // batch_size`` batches; one ``RandomAllocationEvent`` charged per epoch, at its
+        first step), ``"shuffle"`` (one ``ShuffledEvent`` per epoch) or ``"fixed-size"``
+        (per step); batches of the loader's ``batch_size``.
+
+        ``poisson_sampling=False`` (without ``sampling``) means what it means in Opacus —
+        shuffled batches of the loader's batch size — and is trained so, with
+        :class:`~renyi.dpsgd.sampler.ShuffleSampler`; but it is accounted with the bound
+        that is *proven* for shuffling (one Gaussian per epoch, no amplification), never
+        the Poisson ε that Opacus reports for it (Chua et al., ICML 2024, show that number
+        can understate the real loss). A :class:`ShuffledBatchesWarning` names both values
+        and the way to amplification (``poisson_sampling=True`` or
+        ``sampling="random-allocation"``). Why not refuse: the script then runs as its
+        author meant, every reported ε is a proven upper bound, and the warning tells them
+        what shuffling costs; refusing would only push them back to a tool that reports the
+        unproven number.
         """
         from renyi.dpsgd.privacy import private_data_loader
         from renyi.dpsgd.sampler import PoissonSampler, make_random_source
@@ -296,13 +397,7 @@ class PrivacyEngine:
             raise fail("data_loader", type(data_loader).__name__, "a torch DataLoader")
         if not batch_first:
             raise fail("batch_first", batch_first, "True (inputs batched along dim 0)")
-        if not poisson_sampling:
-            raise fail(
-                "poisson_sampling",
-                poisson_sampling,
-                "True: the loader's own shuffled batches are not what any accountant here "
-                "analyses (accounting them as Poisson understates ε)",
-            )
+        kind, implied = _resolve_sampling(poisson_sampling, sampling)
         if noise_generator is not None:
             raise fail(
                 "noise_generator",
@@ -328,15 +423,38 @@ class PrivacyEngine:
 
         dataset = dataset_of(data_loader)
         n = check_int("len(data_loader.dataset)", len(dataset), 1)  # type: ignore[arg-type]
-        per_epoch = check_int("len(data_loader)", len(data_loader), 1)
-        sample_rate = 1.0 / per_epoch
         if epochs is not None:
             epochs = check_int("epochs", epochs, 1)
-        steps = per_epoch * epochs if epochs is not None else None
         source = make_random_source(seed)
-        sampler = PoissonSampler(
-            n, sample_rate, steps if steps is not None else per_epoch, random_source=source
-        )
+        sampler: Any
+        if kind == "poisson":
+            per_epoch = check_int("len(data_loader)", len(data_loader), 1)
+            steps = per_epoch * epochs if epochs is not None else None
+            sampler = PoissonSampler(
+                n, 1.0 / per_epoch, steps if steps is not None else per_epoch, random_source=source
+            )
+        else:
+            b = _batch_size_of(data_loader, kind)
+            if b > n:
+                raise fail("data_loader.batch_size", b, f"an integer in [1, {n}]")
+            per_epoch = _engine_sampler(kind, n, b, 1, source)[1]
+            steps = per_epoch * epochs if epochs is not None else None
+            sampler = _engine_sampler(kind, n, b, steps or per_epoch, source)[0]
+        if implied:
+            import warnings
+
+            delta = _target[1] if _target is not None else 1e-5
+            warnings.warn(
+                _shuffle_warning(
+                    sampler,
+                    noise_multiplier,
+                    epochs or 1,
+                    delta,
+                    _ACCOUNTANTS[self.accountant.name],
+                ),
+                ShuffledBatchesWarning,
+                stacklevel=2,
+            )
         loader = private_data_loader(
             data_loader, sampler, steps_per_epoch=per_epoch, unlimited=steps is None
         )
@@ -404,6 +522,10 @@ class PrivacyEngine:
         (``epochs × len(data_loader)`` steps at ``q = 1/len(data_loader)``) cost at most
         ``target_epsilon`` at ``target_delta`` by this engine's accountant.
 
+        With ``sampling=`` (or ``poisson_sampling=False``, i.e. shuffling; see
+        :meth:`make_private`) σ is calibrated on that sampler's event for ``epochs`` whole
+        epochs (:func:`renyi.dpsgd.privacy.calibrate_sampler_noise`).
+
         The plan is enforced: the loader ends after those steps and the optimizer refuses a
         step past them unless ``allow_exceeding_target=True``.
 
@@ -423,15 +545,26 @@ class PrivacyEngine:
                 "a fresh PrivacyEngine (σ calibrated for this run alone would not meet the "
                 "target together with the steps already taken)",
             )
-        per_epoch = check_int("len(data_loader)", len(data_loader), 1)
-        steps = per_epoch * epochs
-        calibration = calibrate_noise_multiplier(
-            target_epsilon,
-            target_delta,
-            1.0 / per_epoch,
-            steps,
-            accountant=_ACCOUNTANTS[self.accountant.name],
-        )
+        kind, _ = _resolve_sampling(kwargs.get("poisson_sampling", True), kwargs.get("sampling"))
+        accountant = _ACCOUNTANTS[self.accountant.name]
+        if kind == "poisson":
+            per_epoch = check_int("len(data_loader)", len(data_loader), 1)
+            steps = per_epoch * epochs
+            calibration = calibrate_noise_multiplier(
+                target_epsilon, target_delta, 1.0 / per_epoch, steps, accountant=accountant
+            )
+        else:
+            from renyi.dpsgd.privacy import calibrate_sampler_noise, dataset_of
+
+            n = check_int("len(data_loader.dataset)", len(dataset_of(data_loader)), 1)  # type: ignore[arg-type]
+            b = _batch_size_of(data_loader, kind)
+            if b > n:
+                raise fail("data_loader.batch_size", b, f"an integer in [1, {n}]")
+            per_epoch = _engine_sampler(kind, n, b, 1, None)[1]
+            probe = _engine_sampler(kind, n, b, per_epoch * epochs, None)[0]
+            calibration = calibrate_sampler_noise(
+                target_epsilon, target_delta, probe, per_epoch * epochs, accountant=accountant
+            )
         return self.make_private(
             module=module,
             optimizer=optimizer,
