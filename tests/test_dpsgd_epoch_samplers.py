@@ -432,3 +432,37 @@ def test_opacus_make_private_with_epsilon_calibrates_on_the_epoch_event(kw: dict
     if sampling == "random-allocation":  # amplified: far below the shuffle bound at this σ
         shuffled = training_event("shuffle", sigma, dataset_size=N, batch_size=B, steps=12)
         assert _epsilon(shuffled) > 2 * engine.get_epsilon(DELTA)
+
+
+# -- renyi train --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sampling", ["random-allocation", "shuffle"])
+def test_cli_train_names_the_sampling_and_reports_its_event_epsilon(
+    sampling: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from renyi.cli.main import main
+
+    argv = ["train", "--json", "--seed", "1", "--no-baseline", "--limit", "300"]
+    argv += ["--epochs", "1.5", "--batch-size", "50", "--accountant", "rdp"]
+    assert main([*argv, "--sampling", sampling]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    n, sigma = summary["n_train"], summary["noise_multiplier"]
+    t = n // 50 if sampling == "random-allocation" else -(-n // 50)
+    assert summary["sampling"] == sampling
+    assert summary["accounted_per"] == "epoch" and summary["charges"] == 2
+    assert summary["steps"] == -(-3 * t // 2)
+    event = training_event(sampling, sigma, dataset_size=n, batch_size=50, steps=summary["steps"])
+    assert summary["event"] == event.event.kind  # type: ignore[attr-defined]
+    assert summary["epsilon"] == pytest.approx(_epsilon(event), rel=1e-9)
+    assert summary["epsilon"] <= 3.0
+    poisson = training_event(
+        "poisson", sigma, dataset_size=n, batch_size=50, steps=summary["steps"]
+    )
+    if sampling == "shuffle":
+        assert summary["epsilon"] > 2 * _epsilon(poisson)
+        assert summary["neighbouring"] == "replace_one"
+    else:
+        assert summary["neighbouring"] == "add_remove"

@@ -294,6 +294,6 @@ def test_cli_train_fixed_size_reports_replace_one(capsys: pytest.CaptureFixture[
     assert main([*args, "--sampling", "fixed-size"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["neighbouring"] == "replace_one"
-    assert summary["sampling"] == "fixed_size"
+    assert summary["sampling"] == "fixed-size"
     # the accountant that calibrated sigma certifies the target; others may be looser
     assert summary["epsilon_spent"][summary["accountant"]] <= 3.0

@@ -2,10 +2,14 @@
 
 Loads the data (scikit-learn's digits by default, or Fashion-MNIST from IDX files), calibrates
 the noise multiplier with the chosen accountant (PLD where available), trains with DP-SGD
-(Poisson sampling, per-example clipping, secure noise unless ``--seed``), trains the same
-model without privacy for comparison, and prints a summary: accuracy private vs non-private,
-σ, steps, and ε from each accountant. ``--plot out.png`` draws ε over training under each
-accountant. ``--json`` prints exactly one JSON object.
+(Poisson sampling by default, per-example clipping, secure noise unless ``--seed``), trains the
+same model without privacy for comparison, and prints a summary: accuracy private vs
+non-private, σ, steps, and ε from each accountant for the event of the sampler that ran.
+``--sampling`` picks the batch sampler: poisson and fixed-size are charged per step;
+random-allocation (balls in bins: every example once per epoch of n // b batches) and shuffle
+are charged one whole epoch at each epoch's first step (a partial epoch costs a full one).
+``--plot out.png`` draws ε over training under each accountant. ``--json`` prints exactly one
+JSON object.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import math
 import sys
 import time
 import warnings
-from typing import Any, Literal
+from typing import Any
 
 from renyi.cli._output import format_table, print_json
 
@@ -94,10 +98,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--sampling",
-        choices=("poisson", "fixed-size"),
+        choices=("poisson", "fixed-size", "random-allocation", "shuffle"),
         default="poisson",
-        help="poisson (add/remove neighbours, default) or fixed-size batches drawn without "
-        "replacement (replace-one neighbours)",
+        help="poisson (add/remove neighbours, default); fixed-size batches drawn without "
+        "replacement (replace-one); random-allocation (balls in bins: every example once per "
+        "epoch of n // b batches, add/remove, charged per epoch); shuffle (a random "
+        "permutation per epoch, replace-one, charged per epoch: the proven bound has no "
+        "amplification)",
     )
     p.add_argument(
         "--noise",
@@ -150,21 +157,19 @@ def _accountant_names() -> list[str]:
 
 
 def _choose_accountant(requested: str, sampling: str, n: int, batch: int) -> str:
-    """The accountant that calibrates σ: ``auto`` = the tightest that supports the event."""
+    """The accountant that calibrates σ: ``auto`` = the tightest that supports the event
+    (the sampler's own, :func:`renyi.analysis.events.training_event`)."""
     from renyi._validation import fail
     from renyi.accountants import make_accountant
-    from renyi.dpsgd.sampler import FixedSizeSampler, PoissonSampler
+    from renyi.analysis.events import training_event
 
     names = _accountant_names()
     if requested != "auto":
         if requested not in names:
             raise fail("--accountant", requested, f"one of {names} or 'auto'")
         return requested
-    probe = (
-        FixedSizeSampler(n, min(batch, n), 1)
-        if sampling == "fixed_size"
-        else PoissonSampler(n, min(1.0, batch / n), 1)
-    ).accounting_event(1.0)
+    b = min(batch, n) if batch >= 1 else batch
+    probe = training_event(sampling, 1.0, dataset_size=n, batch_size=b, steps=1)
     for name in ("pld", "rdp", "zcdp"):
         if name in names and make_accountant(name).supports(probe):
             return name
@@ -222,9 +227,7 @@ def _run(args: argparse.Namespace) -> int:
     clip = args.max_grad_norm if args.max_grad_norm is not None else clip
 
     train, test = _load(args)
-    sampling: Literal["poisson", "fixed_size"] = (
-        "fixed_size" if args.sampling == "fixed-size" else "poisson"
-    )
+    sampling: str = args.sampling  # training_event's names (make_private takes them too)
     accountant = _choose_accountant(args.accountant, sampling, len(train), batch)
     init_seed = 0 if args.seed is None else args.seed
     torch.manual_seed(init_seed)  # model initialisation only (public, data-independent)
@@ -245,7 +248,7 @@ def _run(args: argparse.Namespace) -> int:
                 batch_size=batch,
                 max_grad_norm=clip,
                 accountant=accountant,
-                sampling=sampling,
+                sampling=sampling,  # type: ignore[arg-type]
                 seed=args.seed,
             )
         else:
@@ -308,11 +311,14 @@ def _run(args: argparse.Namespace) -> int:
     steps = private.steps
     from renyi.accountants import make_accountant
 
-    event = private.optimizer.event
+    event = private.optimizer.event  # the unit charged: one step's, or one epoch's event
     plan = private.extra.get("plan")  # correlated noise: the event is charged once per round
 
     def charged(t: int) -> int:
-        return t if plan is None else min(plan.charges, -(-t // plan.round_length))
+        """Charges of ``event`` in the first ``t`` steps (per step, epoch or round)."""
+        if plan is not None:
+            return min(plan.charges, -(-t // plan.round_length))
+        return int(private.sampler.charges(t))
 
     names = [name for name in _accountant_names() if make_accountant(name).supports(event)]
     per_accountant: dict[str, float] = {}
@@ -351,6 +357,9 @@ def _run(args: argparse.Namespace) -> int:
         "steps_note": private.steps_note,
         "neighbouring": private.neighbouring,
         "sampling": sampling,
+        "accounted_per": "epoch" if hasattr(private.sampler, "steps_per_epoch") else "step",
+        "charges": charged(steps),
+        "event": event.kind,
         "epsilon": per_accountant.get(accountant, min(per_accountant.values(), default=None)),
         "accuracy": private_acc,
         "noise": noise,
@@ -380,6 +389,10 @@ def _run(args: argparse.Namespace) -> int:
         ["clipping norm C", f"{clip:g}"],
         ["sample rate q, batch q*n", f"{private.sample_rate:.5f}, {batch}"],
         ["steps", steps],
+        [
+            "sampling",
+            f"{sampling} (charged per {summary['accounted_per']}: {charged(steps)} x {event.kind})",
+        ],
         ["neighbouring", private.neighbouring],
     ]
     for name, eps in per_accountant.items():
