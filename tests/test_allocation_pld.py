@@ -21,6 +21,8 @@ from renyi.allocation import (
 )
 from renyi.analysis.allocation_pld import (
     allocation_pair,
+    allocation_pair_add,
+    allocation_pairs,
     allocation_pld,
     lattice_allocation_pair,
 )
@@ -100,9 +102,9 @@ def _mc_check(
     ],
 )
 def test_upper_bound_against_monte_carlo(t: int, sigma: float, eps: float, slack: float) -> None:
-    pair = allocation_pair(t, sigma)
+    pairs = allocation_pairs(t, sigma)
     samples = 400_000 // t + 20_000
-    for i, direction in enumerate(("remove", "add")):
+    for i, (pair, direction) in enumerate(zip(pairs, ("remove", "add"), strict=True)):
         low, high = _mc_check(t, sigma, eps, direction, seed=17 + i, samples=samples)
         got = pair.delta(eps, direction)
         assert got >= low  # never below the 99.9 % lower limit
@@ -245,3 +247,55 @@ def test_accountant_and_cli_report_the_pld_bound(capsys: pytest.CaptureFixture[s
         assert pld["bound"] == "upper"
         assert pld["epsilon"] == pytest.approx(r.epsilon, rel=1e-9)
         assert out["epsilon"] == pld["epsilon"] and out["sampling"] == "random-allocation"
+
+
+def _loss_samples(t: int, sigma: float, n: int, direction: str, seed: int) -> np.ndarray:
+    """Independent privacy-loss samples of one epoch: remove direction log Y under P (the
+    record in step 0 by symmetry), add direction -log Y under Q."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0.0, sigma, size=(n, t))
+    if direction == "remove":
+        x[:, 0] += 1.0
+    log_y = logsumexp((x - 0.5) / sigma**2, axis=1) - math.log(t)
+    out: np.ndarray = log_y if direction == "remove" else -log_y
+    return out
+
+
+def test_held_out_random_settings_against_monte_carlo() -> None:
+    # settings drawn at random (not tuned for), epsilons at quantiles of the loss; the
+    # summands (1 - e^(eps - L))_+ lie in [0, 1], so the 99.9 % interval is reliable
+    rng = np.random.default_rng(20261125)
+    for i in range(3):
+        t = int(10 ** rng.uniform(0.3, 2.5))
+        sigma = float(10 ** rng.uniform(-0.15, 0.6))
+        pairs = allocation_pairs(t, sigma, max_points=2048)
+        n = max(20_000, 1_000_000 // t)
+        for pair, direction in zip(pairs, ("remove", "add"), strict=True):
+            losses = _loss_samples(t, sigma, n, direction, seed=i)
+            for q in (0.5, 0.99):
+                eps = max(float(np.quantile(losses, q)), 0.0)
+                vals = -np.expm1(np.minimum(eps - losses, 0.0))
+                half = float(norm.ppf(0.9995)) * float(vals.std(ddof=1)) / math.sqrt(n)
+                got = pair.delta(eps, direction)
+                assert got >= float(vals.mean()) - half, (t, sigma, direction, eps)
+                assert got <= 1.3 * (float(vals.mean()) + half), (t, sigma, direction, eps)
+
+
+def test_few_steps_use_the_add_pair_sound_both_ways_and_tight() -> None:
+    # t = 12, sigma = 0.755: the main lattice must reach the heavy tail (spacing ~0.48);
+    # the add pair's lattice covers [0, t^2] (spacing ~0.035) and reveals X > t at ratio ~1
+    t, sigma = 12, 0.755
+    rem_pair, add_pair = allocation_pairs(t, sigma)
+    assert add_pair is not rem_pair and add_pair.spacing < rem_pair.spacing / 10
+    assert allocation_pair_add(t, sigma) is add_pair  # cached
+    n = 100_000
+    for direction in ("add", "remove"):
+        losses = _loss_samples(t, sigma, n, direction, seed=7)
+        for q in (0.5, 0.99):
+            eps = max(float(np.quantile(losses, q)), 0.0)
+            vals = -np.expm1(np.minimum(eps - losses, 0.0))
+            half = float(norm.ppf(0.9995)) * float(vals.std(ddof=1)) / math.sqrt(n)
+            got = add_pair.delta(eps, direction)
+            assert got >= float(vals.mean()) - half  # a dominating pair for both directions
+            if direction == "add":  # and tight where it is used
+                assert got <= 1.05 * (float(vals.mean()) + half)

@@ -56,6 +56,15 @@ masses, times ``t``): a floor under ``δ`` per epoch. The looseness is the sprea
 (variance ``<= Δ²/4`` per coordinate), controlled by the number of lattice points (default
 4096; the cost grows like its square), and the geometric grids of step 3.
 
+**The add direction with few steps** (:func:`allocation_pair_add`). The lattice above must
+reach the heavy tail, which makes it coarse when ``t`` is small, and the add direction
+(``H_γ(Q‖P)``, decided by small ``Y``) feels that first. A second dominating pair partitions
+by "some ratio above ``M ≈ t``": those outputs have ``Y >= M/t``, and a proven share of them
+(second-side mass ``1 - (1 - Q[X > M])^t``, from below) is kept at ratio ``M/t`` with the
+first side's surplus at ``∞`` — nothing for ``H_γ(Q‖P)``, ``γ >= 1``; the rest is the
+``t``-fold power of a lattice on ``[x0, M]``, which holds every sum (``Δ ≈ t²/points``).
+:func:`allocation_pairs` uses it for the add direction where its lattice is the finer.
+
 ``k > 1`` (each record in ``k`` of ``t`` steps): random ``k``-out-of-``t`` allocation is
 dominated by ``k`` independent runs of 1-out-of-``⌊t/k⌋`` (Feldman & Shenfeld 2025,
 decomposition; a uniformly random relabelling of steps turns "one step in each of ``k``
@@ -91,6 +100,8 @@ __all__ = [
     "DEFAULT_MAX_POINTS",
     "AllocationPair",
     "allocation_pair",
+    "allocation_pair_add",
+    "allocation_pairs",
     "allocation_pld",
     "lattice_allocation_pair",
 ]
@@ -117,12 +128,18 @@ class AllocationPair:
     """
 
     def __init__(
-        self, ratios: FloatArray, q: FloatArray, zero_mass: float, inf_mass: float
+        self,
+        ratios: FloatArray,
+        q: FloatArray,
+        zero_mass: float,
+        inf_mass: float,
+        spacing: float = math.nan,
     ) -> None:
         self.ratios = ratios
         self.q = q
         self.zero_mass = zero_mass
         self.inf_mass = inf_mass
+        self.spacing = spacing  # of the lattice of the ratios' sum (its resolution)
 
     def delta(self, epsilon: float, direction: str = "remove") -> float:
         """Hockey-stick divergence ``δ(ε)`` of the pair (exact for the discrete pair, so an
@@ -402,7 +419,69 @@ def _build_pair(t: int, sigma: float, tail_mass: float, n: int) -> AllocationPai
     inf_mass = max(1.0 - math.fsum((q * y).tolist()), 0.0) + 64 * _U
     y.setflags(write=False)
     q.setflags(write=False)
-    return AllocationPair(y, q, zero_mass, inf_mass)
+    return AllocationPair(y, q, zero_mass, inf_mass, spacing)
+
+
+def allocation_pairs(
+    num_steps: int,
+    noise_multiplier: float,
+    *,
+    tail_mass: float = 1e-15,
+    max_points: int = DEFAULT_MAX_POINTS,
+) -> tuple[AllocationPair, AllocationPair]:
+    """The dominating pairs :func:`allocation_pld` uses for the remove and the add direction:
+    :func:`allocation_pair` for both, or for the add direction :func:`allocation_pair_add`
+    where its lattice is the finer (few steps per epoch). Both are sound for both."""
+    pair = allocation_pair(num_steps, noise_multiplier, tail_mass=tail_mass, max_points=max_points)
+    if num_steps * num_steps < pair.spacing * (max_points - 1):
+        return pair, allocation_pair_add(num_steps, noise_multiplier, max_points=max_points)
+    return pair, pair
+
+
+def allocation_pair_add(
+    num_steps: int, noise_multiplier: float, *, max_points: int = DEFAULT_MAX_POINTS
+) -> AllocationPair:
+    """A second dominating pair of 1-out-of-``t`` allocation, fine where the add direction
+    needs it for few steps: the outputs where some ratio exceeds ``M ≈ t`` have
+    ``Y = S/t >= M/t``, so they are revealed but for a proven share (second-side mass
+    ``1 - (1 - Q[X > M])^t``, a lower bound) kept at ratio ``M/t`` (with the first side's
+    surplus at ``∞``): at ratio ``~1`` they add nothing to ``H_γ(Q‖P)`` for ``γ >= 1``. The
+    rest, all ratios in ``[x0, M]``, is the ``t``-fold lattice power on ``[t x0, t M]``
+    (nothing truncated: ``Δ = t M / points``). Same proof steps as :func:`allocation_pair`.
+    """
+    t = check_int("num_steps", num_steps, 1)
+    sigma = check_positive("noise_multiplier", noise_multiplier)
+    n = check_int("max_points", max_points, 64)
+    if n > MAX_POINTS:
+        raise fail("max_points", max_points, f"an integer in [64, {MAX_POINTS}]")
+    if 1.0 / (sigma * sigma) > _MAX_V:
+        raise fail("noise_multiplier", noise_multiplier, f">= {1.0 / math.sqrt(_MAX_V):.4g}")
+    return _build_add_pair(t, sigma, n)
+
+
+@functools.lru_cache(maxsize=16)
+def _build_add_pair(t: int, sigma: float, n: int) -> AllocationPair:
+    v = 1.0 / (sigma * sigma)
+    s = math.sqrt(v)
+    x0 = _cut_points(t, v, 0.5)[0]
+    spacing = (t * t - t * x0) / (n - 1)
+    top = max(1, min(n - 1, int((t - x0) / spacing)))
+    cut = x0 + top * spacing
+    small = _small_lattice(sigma, x0, spacing, top, n)
+    lo, whole = _power_lower(small, t, n)
+    # second-side mass of "some ratio above the cut": 1 - (1 - Φ(-z))^t, from below
+    log_tail = float(log_ndtr(-(math.log(cut) + 0.5 * v) / s))
+    log_tail -= _LOGCDF_ULPS * _U * (abs(log_tail) + 1.0) + 4 * _U
+    above = -math.expm1(t * math.log1p(-math.exp(log_tail))) * (1.0 - 64 * _U)
+    y = np.concatenate(((t * x0 + (lo + np.arange(n)) * spacing) / t, [cut / t]))
+    q = np.concatenate((whole, [max(above, 0.0)]))
+    keep = q > 0.0
+    y, q = y[keep], q[keep]
+    zero_mass = max(1.0 - math.fsum(q.tolist()), 0.0) + 64 * _U
+    inf_mass = max(1.0 - math.fsum((q * y).tolist()), 0.0) + 64 * _U
+    y.setflags(write=False)
+    q.setflags(write=False)
+    return AllocationPair(y, q, zero_mass, inf_mass, spacing)
 
 
 def _one_large(
@@ -487,7 +566,7 @@ def lattice_allocation_pair(
     y = (lo + np.arange(base.size, dtype=np.float64)) * (h / t)
     zero_mass = max(1.0 - math.fsum(q.tolist()), 0.0) + 64 * _U
     inf_mass = max(1.0 - math.fsum((q * y).tolist()), 0.0) + 64 * _U
-    return AllocationPair(y, q, zero_mass, inf_mass)
+    return AllocationPair(y, q, zero_mass, inf_mass, h)
 
 
 def allocation_pld(
@@ -519,9 +598,9 @@ def allocation_pld(
     sigma = check_positive("noise_multiplier", noise_multiplier)
     if 1.0 / (sigma * sigma) > _MAX_V:  # no lattice holds the ratio: no amplification used
         return gauss, gauss
-    pair = allocation_pair(m, sigma, tail_mass=tm, max_points=max_points)
-    rem = pair.pld("remove", value_discretization_interval=h, tail_mass=tm)
-    add = pair.pld("add", value_discretization_interval=h, tail_mass=tm)
+    pair_rem, pair_add = allocation_pairs(m, sigma, tail_mass=tm, max_points=max_points)
+    rem = pair_rem.pld("remove", value_discretization_interval=h, tail_mass=tm)
+    add = pair_add.pld("add", value_discretization_interval=h, tail_mass=tm)
     if k > 1:
         rem = rem.self_compose(k, max_bins=max_bins)
         add = add.self_compose(k, max_bins=max_bins)
