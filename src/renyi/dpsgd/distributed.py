@@ -5,7 +5,10 @@ One logical DP-SGD step is spread over ``world_size`` ranks without changing the
 * **Sampling** — :class:`DistributedPoissonSampler`: rank 0 draws the global Poisson mask
   (each of the n examples independently with probability q, from its random source) and
   broadcasts it; rank r takes every ``world_size``-th sampled index starting at r. The union
-  over ranks is exactly one Poisson(q) batch, as the accountant assumes.
+  over ranks is exactly one Poisson(q) batch, as the accountant assumes. The epoch samplers
+  likewise: :class:`DistributedBallsInBinsSampler` and :class:`DistributedShuffleSampler`
+  draw each epoch's allocation (permutation) on rank 0, broadcast it at the epoch's first
+  batch, and give rank r every ``world_size``-th index of each global batch.
 * **Clipping** — each rank clips the per-example gradients of its share and sums them.
 * **Noise, once** — :class:`DistributedDPOptimizer` adds ``N(0, σ² C² I)`` on rank 0 only,
   then all-reduces (sums) the noisy partial sums: every rank ends with
@@ -18,8 +21,12 @@ The model is *not* wrapped in ``torch.nn.parallel.DistributedDataParallel``: its
 hooks would all-reduce un-clipped gradients. The initial parameters are broadcast from rank 0
 when the optimizer is built.
 
-Guarantee: the same as single-process DP-SGD with the same (q, σ, C, T) — add/remove
-neighbouring, Poisson-subsampled Gaussian (Abadi et al. 2016; Mironov, Talwar & Zhang 2019).
+Guarantee: the same as single-process DP-SGD with the same sampler, σ, C and T — add/remove
+neighbouring, Poisson-subsampled Gaussian (Abadi et al. 2016; Mironov, Talwar & Zhang 2019),
+or the epoch samplers' events, charged per epoch on every rank alike. The optimizer refuses
+a sampler that is not one of these distributed ones: every rank iterating the *same* global
+batches would add each clipped gradient ``world_size`` times (sensitivity ``world_size · C``
+against noise for ``C``).
 
 Example (run under ``torchrun --nproc-per-node 2``)::
 
@@ -39,9 +46,19 @@ import torch.distributed as dist
 
 from renyi._validation import fail
 from renyi.dpsgd.optimizer import DPOptimizer
-from renyi.dpsgd.sampler import PoissonSampler, TorchRandomSource
+from renyi.dpsgd.sampler import (
+    BallsInBinsSampler,
+    PoissonSampler,
+    ShuffleSampler,
+    TorchRandomSource,
+)
 
-__all__ = ["DistributedDPOptimizer", "DistributedPoissonSampler"]
+__all__ = [
+    "DistributedBallsInBinsSampler",
+    "DistributedDPOptimizer",
+    "DistributedPoissonSampler",
+    "DistributedShuffleSampler",
+]
 
 
 def _require_initialised() -> tuple[int, int]:
@@ -83,6 +100,74 @@ class DistributedPoissonSampler(PoissonSampler):
         return indices[self.rank :: self.world_size]
 
 
+class _DistributedEpoch:
+    """Rank 0 draws each epoch (a permutation cut into batches) and broadcasts it; rank r
+    keeps every ``world_size``-th index of each global batch."""
+
+    rank: int
+    world_size: int
+    num_samples: int
+
+    def _distributed_epoch(self, draw: Any) -> list[torch.Tensor]:
+        steps = int(self.steps_per_epoch)  # type: ignore[attr-defined]
+        if self.rank == 0:
+            batches = draw()
+            order = torch.cat(batches).long()
+            counts = torch.tensor([len(b) for b in batches], dtype=torch.long)
+        else:
+            order = torch.empty(self.num_samples, dtype=torch.long)
+            counts = torch.empty(steps, dtype=torch.long)
+        dist.broadcast(order, src=0)
+        dist.broadcast(counts, src=0)
+        return [b[self.rank :: self.world_size] for b in torch.split(order, counts.tolist())]
+
+
+class DistributedBallsInBinsSampler(_DistributedEpoch, BallsInBinsSampler):
+    """Balls in bins over all ranks: one global allocation per epoch (drawn on rank 0,
+    broadcast), each rank a share of every batch. Iterate it in lock-step on every rank.
+    ``expected_batch_size`` is the global ``n / t``."""
+
+    def __init__(
+        self,
+        num_samples: int,
+        batch_size: int,
+        steps: int,
+        *,
+        random_source: TorchRandomSource | None = None,
+    ) -> None:
+        super().__init__(num_samples, batch_size, steps, random_source=random_source)
+        self.rank, self.world_size = _require_initialised()
+
+    def _new_epoch(self) -> list[torch.Tensor]:
+        return self._distributed_epoch(super()._new_epoch)
+
+
+class DistributedShuffleSampler(_DistributedEpoch, ShuffleSampler):
+    """Shuffling over all ranks: one global permutation per epoch (drawn on rank 0,
+    broadcast), each rank a share of every batch. Iterate it in lock-step on every rank."""
+
+    def __init__(
+        self,
+        num_samples: int,
+        batch_size: int,
+        steps: int,
+        *,
+        random_source: TorchRandomSource | None = None,
+    ) -> None:
+        super().__init__(num_samples, batch_size, steps, random_source=random_source)
+        self.rank, self.world_size = _require_initialised()
+
+    def _new_epoch(self) -> list[torch.Tensor]:
+        return self._distributed_epoch(super()._new_epoch)
+
+
+_DISTRIBUTED_SAMPLERS = (
+    DistributedPoissonSampler,
+    DistributedBallsInBinsSampler,
+    DistributedShuffleSampler,
+)
+
+
 class DistributedDPOptimizer(DPOptimizer):
     """:class:`~renyi.dpsgd.optimizer.DPOptimizer` whose clipped sums are all-reduced.
 
@@ -91,6 +176,15 @@ class DistributedDPOptimizer(DPOptimizer):
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> None:
+        sampler = kwargs.get("sampler")
+        if not isinstance(sampler, _DISTRIBUTED_SAMPLERS):
+            raise fail(
+                "sampler",
+                type(sampler).__name__,
+                "a distributed sampler (DistributedPoissonSampler, DistributedBallsInBinsSampler"
+                " or DistributedShuffleSampler): with one that every rank iterates alike, each "
+                "example would be clipped and summed on every rank (sensitivity world_size·C)",
+            )
         super().__init__(optimizer, **kwargs)
         self.rank, self.world_size = _require_initialised()
         with torch.no_grad():
