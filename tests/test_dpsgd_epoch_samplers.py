@@ -466,3 +466,35 @@ def test_cli_train_names_the_sampling_and_reports_its_event_epsilon(
         assert summary["neighbouring"] == "replace_one"
     else:
         assert summary["neighbouring"] == "add_remove"
+
+
+def test_trainer_evaluates_at_epoch_boundaries_with_the_epoch_event_epsilon() -> None:
+    from renyi.dpsgd.trainer import Trainer
+
+    n, b = 71, 6  # t = 11, while ceil(1 / (n / t / n)) is 12 in floating point
+    data = RecordingDataset(n)
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    private = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        torch.utils.data.TensorDataset(data.x, data.y),
+        loss_fn=nn.CrossEntropyLoss(),
+        delta=DELTA,
+        max_grad_norm=1.0,
+        batch_size=b,
+        noise_multiplier=SIGMA,
+        epochs=2,
+        accountant="rdp",
+        sampling="random-allocation",
+        seed=0,
+    )
+    history = Trainer(
+        private, eval_data=torch.utils.data.TensorDataset(data.x, data.y), progress=False
+    ).fit()
+    assert history.steps == [11, 22]
+    for epochs, eps in zip((1, 2), history.epsilons, strict=True):
+        event = training_event(
+            "random-allocation", SIGMA, dataset_size=n, batch_size=b, steps=11 * epochs
+        )
+        assert eps == pytest.approx(_epsilon(event), rel=1e-12)

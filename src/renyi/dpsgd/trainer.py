@@ -123,7 +123,8 @@ class Trainer:
     Args:
         private: from :func:`~renyi.dpsgd.privacy.make_private`.
         eval_data: held-out data for loss/accuracy at each evaluation (optional).
-        eval_every: steps between evaluations (default: one epoch, ⌈1/q⌉ steps).
+        eval_every: steps between evaluations (default: one epoch, ⌈1/q⌉ steps, or the
+            epoch samplers' ``steps_per_epoch``).
         progress: show the tqdm bar on stderr.
         on_evaluate: optional callback ``(step, history)`` after each evaluation.
     """
@@ -142,7 +143,9 @@ class Trainer:
             raise fail("private", type(private).__name__, "a PrivateTraining (make_private)")
         self.private = private
         self.eval_data = eval_data
-        per_epoch = max(1, math.ceil(1.0 / private.sample_rate))
+        per_epoch = getattr(private.sampler, "steps_per_epoch", None) or max(
+            1, math.ceil(1.0 / private.sample_rate)
+        )
         self.eval_every = (
             per_epoch if eval_every is None else check_int("eval_every", eval_every, 1)
         )
