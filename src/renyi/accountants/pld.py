@@ -27,6 +27,8 @@ from collections import Counter
 from functools import reduce
 from typing import Any
 
+import numpy as np
+
 from renyi.accountants.base import Accountant, DeltaResult, EpsilonResult
 from renyi.accountants.rdp import RdpAccountant
 from renyi.analysis.events import DIRECTIONS, Event
@@ -41,6 +43,20 @@ from renyi.errors import (
 __all__ = ["PldAccountant", "event_pld"]
 
 Pair = tuple[PrivacyLossDistribution, PrivacyLossDistribution]
+
+_RESOLVE = 8.0  # grid steps per standard deviation of one run's loss (see _resolved)
+_RESOLVE_MAX_DOUBLINGS = 6  # at most 64x finer than the requested grid ...
+_RESOLVE_POINTS = 1 << 19  # ... and at most this many points for one run
+
+
+def _loss_std(pld: PrivacyLossDistribution) -> float:
+    """Standard deviation of the finite losses of ``pld``'s upper discretisation."""
+    losses, masses = pld.pmf("upper")
+    total = float(np.sum(masses))
+    if not total > 0.0:
+        return 0.0
+    mean = float(np.dot(masses, losses)) / total
+    return math.sqrt(max(float(np.dot(masses, (losses - mean) ** 2)) / total, 0.0))
 
 
 def event_pld(
@@ -68,7 +84,9 @@ class PldAccountant(Accountant):
 
     Args:
         value_discretization_interval: grid spacing h of one step's privacy loss (smaller:
-            tighter and slower; the upper bound is sound at any h).
+            tighter and slower; the upper bound is sound at any h). A step whose loss has a
+            standard deviation below 8 h is discretised on h / 2**k instead (nested, so only
+            tighter), k <= 6, while it keeps at most 2**19 points.
         tail_mass: probability mass allowed to be truncated (charged to δ in the upper bound).
         max_bins: cap (1024 to 2**22) on the FFT window of a self-composition. Compositions
             wider than that (many steps) are computed by a ladder of FFT powers on grids
@@ -136,8 +154,40 @@ class PldAccountant(Accountant):
                     # a grid of ~2**17 points (the default window), not the 2**22 limit:
                     # such steps have huge losses, where 1e-5 of their range is ample
                     h *= 2.0 ** max(1, math.ceil(math.log2(32.0 * err.needed / h)))
+            if pair is not None and h == self._h:
+                pair = self._resolved(event, tail, pair)
             self._base[key] = pair
         return self._base[key]
+
+    def _resolved(self, event: Event, tail: float, pair: Pair) -> Pair:
+        """``pair`` again on ``h / 2**k`` where one run's privacy loss spreads over fewer than
+        ``_RESOLVE`` grid steps per standard deviation.
+
+        Connect-the-dots adds up to ``h^2 / 4`` to the variance of every step's loss, a
+        relative ``h^2 / (4 s^2)`` for a loss of standard deviation ``s``: at q = 2e-4,
+        sigma = 1.5 (``s = 1.6 h``) that made epsilon(1e-5) 3.7 % too large at h = 1e-4
+        (0.05 % at h / 8; q = 4.9e-4, sigma = 1.09: 0.12 % at h, 0.03 % at h / 2). The
+        finer grid is nested in ``h`` (powers of two), so the bound can only get tighter;
+        it is used only while the step keeps at most ``_RESOLVE_POINTS`` points.
+        """
+        spread = min(_loss_std(p) for p in pair)
+        if not spread > 0.0 or _RESOLVE * self._h <= spread:
+            return pair
+        k = min(math.ceil(math.log2(_RESOLVE * self._h / spread)), _RESOLVE_MAX_DOUBLINGS)
+        size = max(p.support_size for p in pair)
+        while k > 0 and size * 2**k > _RESOLVE_POINTS:
+            k -= 1
+        if k <= 0:
+            return pair
+        try:
+            return event_pld(
+                event,
+                value_discretization_interval=self._h / 2**k,
+                tail_mass=tail,
+                max_bins=self._max_bins,
+            )
+        except PldGridError:  # pragma: no cover - a finer grid of a step that fits h
+            return pair
 
     def _analyse(self, event: Event) -> Event:
         self._pair(event, self._tail)  # raises UnsupportedEventError for foreign events
