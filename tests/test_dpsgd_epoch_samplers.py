@@ -498,3 +498,23 @@ def test_trainer_evaluates_at_epoch_boundaries_with_the_epoch_event_epsilon() ->
             "random-allocation", SIGMA, dataset_size=n, batch_size=b, steps=11 * epochs
         )
         assert eps == pytest.approx(_epsilon(event), rel=1e-12)
+
+
+def test_optimizer_refuses_a_mid_epoch_checkpoint_with_a_fresh_sampler() -> None:
+    """A mid-epoch optimizer state resumed with a fresh sampler would start a new allocation
+    mid-epoch and run it uncharged until the next boundary: refused before any change."""
+    sampler = BallsInBinsSampler(N, B, steps=18, random_source=_source(8))
+    _, opt = _optimizer(sampler)
+    _train(opt, private_data_loader(RecordingDataset(), sampler), 8)
+    state = opt.state_dict()
+    fresh_sampler = BallsInBinsSampler(N, B, steps=18, random_source=_source(9))
+    model2, opt2 = _optimizer(fresh_sampler)
+    before = [p.detach().clone() for p in model2.parameters()]
+    with pytest.raises(PrivacyParameterError, match="epoch boundary"):
+        opt2.load_state_dict(state)
+    assert opt2.steps_taken == 0 and opt2.accountant.is_empty
+    assert all(torch.equal(a, p) for a, p in zip(before, model2.parameters(), strict=True))
+    _train(opt, private_data_loader(RecordingDataset(), sampler), 4)  # to the boundary
+    opt2.load_state_dict(opt.state_dict())  # at a boundary: accepted
+    assert opt2.steps_taken == 12
+    assert float(opt2.epsilon(DELTA).epsilon) == float(opt.epsilon(DELTA).epsilon)

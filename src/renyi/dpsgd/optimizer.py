@@ -684,7 +684,8 @@ class DPOptimizer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; refuses a checkpoint of a different mechanism."""
+        """Restore :meth:`state_dict`; refuses a checkpoint of a different mechanism, and
+        with an epoch sampler one taken mid-epoch (before anything is restored)."""
         saved = state["mechanism"]
         mine = {
             "noise_multiplier": self.noise_multiplier,
@@ -695,6 +696,16 @@ class DPOptimizer:
         for key, value in mine.items():
             if saved[key] != value:
                 raise fail(f"checkpoint {key}", saved[key], f"{value!r} (this optimizer's)")
+        per_epoch = getattr(self.sampler, "steps_per_epoch", None)
+        taken = state["steps_taken"]
+        if isinstance(per_epoch, int) and isinstance(taken, int) and taken % per_epoch:
+            # the epoch samplers cannot resume mid-epoch (its allocation is not saved); a
+            # fresh allocation from there would run uncharged until the next boundary
+            raise fail(
+                "checkpoint steps_taken",
+                taken,
+                f"an epoch boundary (a multiple of the sampler's {per_epoch} steps per epoch)",
+            )
         accountant = self.accountant
         if state["accountant"] is not None and accountant is not None:
             accountant = type(accountant).from_state_dict(state["accountant"])

@@ -453,14 +453,6 @@ class PrivateTraining:
         """Restore :meth:`state_dict` (refuses a checkpoint of a different mechanism)."""
         if state["steps"] != self.steps:
             raise fail("checkpoint steps", state["steps"], f"{self.steps} (this run's)")
-        per_epoch = getattr(self.sampler, "steps_per_epoch", None)
-        taken = state["optimizer"].get("steps_taken")
-        if per_epoch is not None and isinstance(taken, int) and taken % per_epoch:
-            raise fail(  # before anything is restored: an epoch's allocation is not saved
-                "checkpoint",
-                f"{taken} steps taken (mid-epoch)",
-                f"a checkpoint at an epoch boundary (a multiple of {per_epoch} steps)",
-            )
         self.optimizer.load_state_dict(state["optimizer"])  # validates the mechanism first
         self.model.load_state_dict(state["model"])
         self.sampler.load_state_dict(state["sampler"])
