@@ -518,3 +518,29 @@ def test_optimizer_refuses_a_mid_epoch_checkpoint_with_a_fresh_sampler() -> None
     opt2.load_state_dict(opt.state_dict())  # at a boundary: accepted
     assert opt2.steps_taken == 12
     assert float(opt2.epsilon(DELTA).epsilon) == float(opt.epsilon(DELTA).epsilon)
+
+
+def test_opacus_engine_fixed_size_sampling_is_charged_per_step() -> None:
+    from renyi.dpsgd import PrivacyEngine
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    engine = PrivacyEngine(accountant="rdp")
+    model, optimizer, loader = engine.make_private_with_epsilon(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=_indexed_loader(),
+        target_epsilon=5.0,
+        target_delta=DELTA,
+        epochs=2,
+        max_grad_norm=1.0,
+        seed=0,
+        sampling="fixed-size",
+    )
+    used = _opacus_loop(model, optimizer, loader, 2)
+    assert all(len(u) == 6 * B for u in used)  # fresh subsets of exactly B, 6 per epoch
+    event = training_event(
+        "fixed-size", optimizer.noise_multiplier, dataset_size=N, batch_size=B, steps=12
+    )
+    assert engine.get_epsilon(DELTA) == pytest.approx(_epsilon(event), rel=1e-12)
+    assert 5.0 * (1 - 1e-3) < engine.get_epsilon(DELTA) <= 5.0

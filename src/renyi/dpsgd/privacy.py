@@ -490,7 +490,7 @@ def _epoch_plan(
             "its allocation is drawn and charged at its first step)"
         )
     else:
-        note += f" = {whole} epochs, each charged at its first step"
+        note += f" = {whole} epoch{'s' if whole != 1 else ''}, each charged at its first step"
     return steps, (n / t if sampling == "random-allocation" else batch_size) / n, note
 
 
