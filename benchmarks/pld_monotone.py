@@ -77,13 +77,24 @@ def main() -> None:
     ap.add_argument("--settings", type=int, default=480)
     ap.add_argument("--seed", type=int, default=16)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--start", type=int, default=0, help="first setting to run (for chunks)")
+    ap.add_argument("--stop", type=int, default=None, help="one past the last setting")
+    ap.add_argument("--progress", action="store_true", help="print every setting")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
+    todo = [draw(rng) for _ in range(args.settings)][args.start : args.stop]
     t0 = time.perf_counter()
     records: list[dict[str, object]] = []
-    for _ in range(args.settings):
-        recs = check(*draw(rng))
+    for i, setting in enumerate(todo, start=args.start):
+        recs = check(*setting)
         records += recs
+        if args.progress:
+            print(
+                f"setting {i}: "
+                + " ".join(f"{r['neighbour_epsilon']:.9g}" for r in recs)
+                + f" base {recs[0]['epsilon']:.9g}",
+                flush=True,
+            )
         for r in recs:
             if r["violation"]:
                 print(
@@ -94,7 +105,7 @@ def main() -> None:
     bad = [r for r in records if r["violation"]]
     worst = max((1 - float(r["neighbour_epsilon"]) / float(r["epsilon"]) for r in bad), default=0.0)
     print(
-        f"settings={args.settings} comparisons={len(records)} violations={len(bad)} "
+        f"settings={len(todo)} comparisons={len(records)} violations={len(bad)} "
         f"settings_with_violation={len({(r['q'], r['sigma'], r['steps']) for r in bad})} "
         f"worst_relative_drop={worst:.3g} time={time.perf_counter() - t0:.0f}s"
     )

@@ -114,9 +114,11 @@ def _spectral_error(err: Any, w: Any, n_fft: int, g: float) -> float:
     ``||irfft(X)||_2 = ||X||_2 / sqrt(n)`` over the full (Hermitian) spectrum: the spectral
     error contributes ``||E||_2``, a factor up to ``sqrt(n)`` below its L1 norm; the inverse
     FFT's own round-off, ``g`` relative to the output's 2-norm (the normwise form of the
-    per-level model of :func:`_fft_level_error`: a radix-``r`` stage with per-output error
-    ``<= c u`` times the L1 norm of its ``r`` inputs errs by ``<= c u sqrt(r)`` relative in
-    2-norm, ``c u sqrt(r) <= 8 u log2(r)`` for ``r`` in 2..5), contributes ``g ||w||_2``.
+    per-level model of :func:`_fft_level_error`: a radix-``r`` stage whose outputs err by
+    ``<= (r + 3) u`` times the L1 norm of their ``r`` inputs (``r - 1`` additions, one
+    twiddle product) errs by ``<= (r + 3) sqrt(r) u`` relative in 2-norm, at most
+    ``8 u log2(r)`` for the radices 2..5 of the transform lengths used; later stages scale
+    the 2-norm of an error and of the result alike), contributes ``g ||w||_2``.
     """
     wts = _rfft_weights(n_fft, w.size)
     e2 = float(np.sum(wts * np.square(np.asarray(err, dtype=np.float64))))
