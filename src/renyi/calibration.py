@@ -29,6 +29,7 @@ from renyi.errors import OrderAtGridEdgeWarning, PrivacyParameterError, Unsuppor
 
 __all__ = [
     "CalibrationResult",
+    "calibrate_event_noise",
     "calibrate_noise_multiplier",
     "calibrate_sample_rate",
     "calibrate_steps",
@@ -135,16 +136,47 @@ def calibrate_noise_multiplier(
     if q == 0.0:
         raise fail("sample_rate", sample_rate, "a number in (0, 1] (q = 0 releases nothing)")
 
-    eps, calls = _epsilon_fn(accountant, delta, lambda s: (dpsgd_event(s, q, **event_kwargs), t))
-    # An unreachable target is found at once: the largest noise allowed is cheap to account
-    # (its loss is tiny), whereas the bracketing below would probe ever smaller noise first.
+    guess, factor = _guess(target, delta, q, t, accountant, event_kwargs)
+    return calibrate_event_noise(
+        target,
+        delta,
+        lambda s: (dpsgd_event(s, q, **event_kwargs), t),
+        accountant,
+        rtol=rtol,
+        max_noise_multiplier=max_noise_multiplier,
+        guess=guess,
+        factor=factor,
+    )
+
+
+def calibrate_event_noise(
+    target_epsilon: float,
+    delta: float,
+    build: Callable[[float], tuple[Event, int]],
+    accountant: str | Accountant = "rdp",
+    *,
+    rtol: float = 1e-4,
+    max_noise_multiplier: float = 1e4,
+    guess: float | None = None,
+    factor: float = 1.25,
+) -> CalibrationResult:
+    """Smallest noise multiplier σ (within ``rtol``, verified on the safe side) whose event
+    ``count`` times, ``(event, count) = build(σ)``, costs at most ``target_epsilon`` at
+    ``delta``: the one calibration loop every noise calibration uses.
+
+    An unreachable target is found at once (the largest noise allowed is cheap to account).
+    With a ``guess`` (a cheap answer from a faster accountant, close and usually above) the
+    bracket grows from it by ``factor``, so tiny σs, where PLD work explodes, are never
+    probed; without one it starts wide and grows 4-fold outward. Brent's method on log σ
+    then finds the boundary (:func:`_finish`).
+    """
+    target = check_positive("target_epsilon", target_epsilon)
+    delta = check_delta(delta)
+    rtol = check_positive("rtol", rtol)
+    eps, calls = _epsilon_fn(accountant, delta, build)
     if eps(max_noise_multiplier).epsilon > target:
         raise _unreachable(target, delta, accountant, max_noise_multiplier)
-    guess, factor = _guess(target, delta, q, t, accountant, event_kwargs)
     if guess is not None:
-        # Slow accountants: bracket tightly around a cheap answer (PLD on a 10x coarser grid,
-        # or RDP), which is close and usually above. Tiny sigmas, where PLD work explodes,
-        # are never probed.
         hi = guess
         while eps(hi).epsilon > target:
             hi *= factor

@@ -43,7 +43,13 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 from torch.utils.data import default_collate as _default_collate
 
 from renyi._validation import check_delta, check_int, check_positive, fail
-from renyi.calibration import CalibrationResult, calibrate_noise_multiplier, epochs_to_steps
+from renyi.analysis.events import Event
+from renyi.calibration import (
+    CalibrationResult,
+    calibrate_event_noise,
+    calibrate_noise_multiplier,
+    epochs_to_steps,
+)
 from renyi.dpsgd.optimizer import BudgetHook, ClippingEngine, DPOptimizer
 from renyi.dpsgd.sampler import (
     BallsInBinsSampler,
@@ -116,44 +122,29 @@ def calibrate_sampler_noise(
         PrivacyParameterError: the target is unreachable with σ ≤ ``max_noise_multiplier``.
     """
     from renyi.accountants import make_accountant
-    from renyi.calibration import _epsilon_fn, _finish, _unreachable
 
-    target = check_positive("target_epsilon", target_epsilon)
-    delta = check_delta(delta)
     steps = check_int("steps", steps, 1)
-    eps, calls = _epsilon_fn(accountant, delta, lambda s: (sampler.training_event(s, steps), 1))
-    if eps(max_noise_multiplier).epsilon > target:
-        raise _unreachable(target, delta, accountant, max_noise_multiplier)
+
+    def build(sigma: float) -> tuple[Event, int]:
+        return sampler.training_event(sigma, steps), 1
+
     guess: float | None = None
     if make_accountant(accountant).name != "rdp":
         try:
-            guess = calibrate_sampler_noise(
-                target, delta, sampler, steps, "rdp", rtol=1e-3
+            guess = calibrate_event_noise(
+                target_epsilon, delta, build, "rdp", rtol=1e-3
             ).noise_multiplier
         except (PrivacyParameterError, UnsupportedEventError):
             guess = None
-    if guess is not None:
-        hi = guess
-        while eps(hi).epsilon > target:
-            hi *= 1.25
-            if hi > max_noise_multiplier:
-                raise _unreachable(target, delta, accountant, max_noise_multiplier)
-        lo = hi / 1.25
-        while eps(lo).epsilon <= target:
-            hi, lo = lo, lo / 1.25
-            if lo < 1e-6:
-                raise fail("target_epsilon", target, "a target that some noise multiplier exceeds")
-    else:
-        lo, hi = 0.05, 2.0
-        while eps(lo).epsilon <= target:
-            lo /= 4.0
-            if lo < 1e-6:
-                raise fail("target_epsilon", target, "a target that some noise multiplier exceeds")
-        while eps(hi).epsilon > target:
-            lo, hi = hi, hi * 4.0
-            if hi > max_noise_multiplier:
-                raise _unreachable(target, delta, accountant, max_noise_multiplier)
-    return _finish("noise_multiplier", eps, calls, lo, hi, target, delta, rtol, increasing=False)
+    return calibrate_event_noise(
+        target_epsilon,
+        delta,
+        build,
+        accountant,
+        rtol=rtol,
+        max_noise_multiplier=max_noise_multiplier,
+        guess=guess,
+    )
 
 
 class PlanCompleteWarning(RenyiWarning):
