@@ -51,6 +51,7 @@ from renyi.dpsgd.sampler import (
     PoissonSampler,
     ShuffleSampler,
     TorchRandomSource,
+    _EpochSampler,
 )
 
 __all__ = [
@@ -100,18 +101,25 @@ class DistributedPoissonSampler(PoissonSampler):
         return indices[self.rank :: self.world_size]
 
 
-class _DistributedEpoch:
-    """Rank 0 draws each epoch (a permutation cut into batches) and broadcasts it; rank r
-    keeps every ``world_size``-th index of each global batch."""
+class _DistributedEpoch(_EpochSampler):
+    """Rank 0 draws each epoch (through the concrete sampler's ``_new_epoch``) and
+    broadcasts it; rank r keeps every ``world_size``-th index of each global batch."""
 
-    rank: int
-    world_size: int
-    num_samples: int
+    def __init__(
+        self,
+        num_samples: int,
+        batch_size: int,
+        steps: int,
+        *,
+        random_source: TorchRandomSource | None = None,
+    ) -> None:
+        super().__init__(num_samples, batch_size, steps, random_source=random_source)
+        self.rank, self.world_size = _require_initialised()
 
-    def _distributed_epoch(self, draw: Any) -> list[torch.Tensor]:
-        steps = int(self.steps_per_epoch)  # type: ignore[attr-defined]
+    def _new_epoch(self) -> list[torch.Tensor]:
+        steps = int(self.steps_per_epoch)
         if self.rank == 0:
-            batches = draw()
+            batches = super()._new_epoch()
             order = torch.cat(batches).long()
             counts = torch.tensor([len(b) for b in batches], dtype=torch.long)
         else:
@@ -127,38 +135,10 @@ class DistributedBallsInBinsSampler(_DistributedEpoch, BallsInBinsSampler):
     broadcast), each rank a share of every batch. Iterate it in lock-step on every rank.
     ``expected_batch_size`` is the global ``n / t``."""
 
-    def __init__(
-        self,
-        num_samples: int,
-        batch_size: int,
-        steps: int,
-        *,
-        random_source: TorchRandomSource | None = None,
-    ) -> None:
-        super().__init__(num_samples, batch_size, steps, random_source=random_source)
-        self.rank, self.world_size = _require_initialised()
-
-    def _new_epoch(self) -> list[torch.Tensor]:
-        return self._distributed_epoch(super()._new_epoch)
-
 
 class DistributedShuffleSampler(_DistributedEpoch, ShuffleSampler):
     """Shuffling over all ranks: one global permutation per epoch (drawn on rank 0,
     broadcast), each rank a share of every batch. Iterate it in lock-step on every rank."""
-
-    def __init__(
-        self,
-        num_samples: int,
-        batch_size: int,
-        steps: int,
-        *,
-        random_source: TorchRandomSource | None = None,
-    ) -> None:
-        super().__init__(num_samples, batch_size, steps, random_source=random_source)
-        self.rank, self.world_size = _require_initialised()
-
-    def _new_epoch(self) -> list[torch.Tensor]:
-        return self._distributed_epoch(super()._new_epoch)
 
 
 _DISTRIBUTED_SAMPLERS = (
