@@ -410,11 +410,15 @@ def _build_pair(t: int, sigma: float, tail_mass: float, n: int) -> AllocationPai
         ratios_1, masses_1 = _one_large(sigma, t, x0, spacing, big, x_max, rest)
         ratios.append(ratios_1)
         masses.append(masses_1)
-    y = np.concatenate(ratios)
-    q = np.concatenate(masses)
+    return _close_pair(np.concatenate(ratios), np.concatenate(masses), spacing)
+
+
+def _close_pair(y: FloatArray, q: FloatArray, spacing: float) -> AllocationPair:
+    """The pair of the atoms ``(y, q)`` (zero masses dropped) with everything they miss
+    revealed: the leftover second-side mass at ratio 0 and first-side mass at ``∞``, with a
+    margin for the rounding of the atoms' ratios and products."""
     keep = q > 0.0
     y, q = y[keep], q[keep]
-    # the leftover, with a margin for the rounding of the atoms' ratios and products
     zero_mass = max(1.0 - math.fsum(q.tolist()), 0.0) + 64 * _U
     inf_mass = max(1.0 - math.fsum((q * y).tolist()), 0.0) + 64 * _U
     y.setflags(write=False)
@@ -475,13 +479,7 @@ def _build_add_pair(t: int, sigma: float, n: int) -> AllocationPair:
     above = -math.expm1(t * math.log1p(-math.exp(log_tail))) * (1.0 - 64 * _U)
     y = np.concatenate(((t * x0 + (lo + np.arange(n)) * spacing) / t, [cut / t]))
     q = np.concatenate((whole, [max(above, 0.0)]))
-    keep = q > 0.0
-    y, q = y[keep], q[keep]
-    zero_mass = max(1.0 - math.fsum(q.tolist()), 0.0) + 64 * _U
-    inf_mass = max(1.0 - math.fsum((q * y).tolist()), 0.0) + 64 * _U
-    y.setflags(write=False)
-    q.setflags(write=False)
-    return AllocationPair(y, q, zero_mass, inf_mass, spacing)
+    return _close_pair(y, q, spacing)
 
 
 def _one_large(
