@@ -178,13 +178,13 @@ def test_k_of_t_decomposition_is_above_monte_carlo() -> None:
     ("t", "sigma", "k"),
     [
         (1, 0.04, 1),
-        (2, 0.04, 1),
+        pytest.param(2, 0.04, 1, marks=pytest.mark.slow),
         (2, 1e6, 1),
         (10**6, 1.1, 1),
         (10**6, 0.3, 7),
         (5, 50.0, 5),
         (7, 1.0, 3),
-        (123_457, 1e-1, 2),
+        pytest.param(123_457, 1e-1, 2, marks=pytest.mark.slow),
     ],
 )
 def test_fuzz_extremes_no_crash(t: int, sigma: float, k: int) -> None:

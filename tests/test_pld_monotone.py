@@ -39,7 +39,15 @@ def settings(n: int, seed: int) -> list[tuple[float, float, int, float]]:
     return out
 
 
-@pytest.mark.parametrize("q,sigma,steps,delta", settings(24, seed=2026))
+def _params() -> list[object]:
+    # 8 settings in make test; the other 16 of the same draw in make test-slow (time budget)
+    return [
+        pytest.param(*case, marks=() if i < 8 else pytest.mark.slow)
+        for i, case in enumerate(settings(24, seed=2026))
+    ]
+
+
+@pytest.mark.parametrize("q,sigma,steps,delta", _params())
 def test_epsilon_monotone_in_q_sigma_and_steps(
     q: float, sigma: float, steps: int, delta: float
 ) -> None:
