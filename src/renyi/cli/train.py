@@ -236,21 +236,19 @@ def _run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         if args.json:
             warnings.simplefilter("ignore", InsecureRandomnessWarning)
+        common: dict[str, Any] = dict(
+            loss_fn=torch.nn.CrossEntropyLoss(),
+            target_epsilon=args.epsilon,
+            delta=args.delta,
+            epochs=epochs,
+            batch_size=batch,
+            max_grad_norm=clip,
+            accountant=accountant,
+            seed=args.seed,
+        )
+        sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
         if args.noise == "dpsgd":
-            private = make_private(
-                model,
-                torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum),
-                train,
-                loss_fn=torch.nn.CrossEntropyLoss(),
-                target_epsilon=args.epsilon,
-                delta=args.delta,
-                epochs=epochs,
-                batch_size=batch,
-                max_grad_norm=clip,
-                accountant=accountant,
-                sampling=sampling,  # type: ignore[arg-type]
-                seed=args.seed,
-            )
+            private = make_private(model, sgd, train, sampling=sampling, **common)  # type: ignore[arg-type]
         else:
             from renyi.dpsgd.correlated import make_private_correlated
 
@@ -260,19 +258,12 @@ def _run(args: argparse.Namespace) -> int:
                 raise fail("--sampling", args.sampling, "poisson with --noise " + args.noise)
             private = make_private_correlated(
                 model,
-                torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum),
+                sgd,
                 train,
-                loss_fn=torch.nn.CrossEntropyLoss(),
-                target_epsilon=args.epsilon,
-                delta=args.delta,
-                epochs=epochs,
-                batch_size=batch,
-                max_grad_norm=clip,
-                accountant=accountant,
-                seed=args.seed,
                 noise=args.noise,
                 bands=args.bands,
                 buffers=args.buffers,
+                **common,
             )
     trainer = Trainer(private, eval_data=test, progress=not (args.no_progress or args.json))
     history = trainer.fit()

@@ -299,40 +299,31 @@ def make_private_user_level(
 
     per_example = loss_fn or nn.CrossEntropyLoss(reduction="none")
     k = int(data.inputs.shape[1])
-    if level == "ULS":
-        steps, q = epochs_to_steps(epochs, data.num_users, batch_size)
-        sigma = calibrate_user_level("ULS", target_epsilon, delta, q, steps, k)
-        private = make_private(
-            PerUser(model),
-            optimizer,
-            TensorDataset(data.inputs, data.targets),
-            loss_fn=user_mean_loss(per_example),
-            delta=delta,
-            max_grad_norm=max_grad_norm,
-            batch_size=batch_size,
-            noise_multiplier=sigma,
-            steps=steps,
-            accountant="rdp",
-            grad_mode="vmap",
-        )
-    elif level == "ELS":
+    extra: dict[str, Any] = {}
+    module: nn.Module
+    if level == "ULS":  # users are the records: one clipped mean-loss gradient per user
+        module, records = PerUser(model), TensorDataset(data.inputs, data.targets)
+        loss, count, extra = user_mean_loss(per_example), data.num_users, {"grad_mode": "vmap"}
+    elif level == "ELS":  # examples are the records, priced at the user level
         x, y, _ = data.examples()
-        steps, q = epochs_to_steps(epochs, len(x), batch_size)
-        sigma = calibrate_user_level("ELS", target_epsilon, delta, q, steps, k)
-        private = make_private(
-            model,
-            optimizer,
-            TensorDataset(x, y),
-            loss_fn=per_example,
-            delta=delta,
-            max_grad_norm=max_grad_norm,
-            batch_size=batch_size,
-            noise_multiplier=sigma,
-            steps=steps,
-            accountant="rdp",
-        )
+        module, records, loss, count = model, TensorDataset(x, y), per_example, len(x)
     else:
         raise fail("level", level, "'ELS' or 'ULS'")
+    steps, q = epochs_to_steps(epochs, count, batch_size)
+    sigma = calibrate_user_level(level, target_epsilon, delta, q, steps, k)
+    private = make_private(
+        module,
+        optimizer,
+        records,
+        loss_fn=loss,
+        delta=delta,
+        max_grad_norm=max_grad_norm,
+        batch_size=batch_size,
+        noise_multiplier=sigma,
+        steps=steps,
+        accountant="rdp",
+        **extra,
+    )
     event = user_level_event(level, sigma, q, k)
     if budget is not None:  # the whole training, in user-level units, before any step
         budget.spend(
