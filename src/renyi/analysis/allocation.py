@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -110,6 +111,15 @@ def _no_amplification(orders: FloatArray, sigma: float, k: int) -> FloatArray:
 _MAX_ADD_V = 100.0
 
 
+def check_steps_selected(num_steps: Any, num_selected: Any) -> tuple[int, int]:
+    """``(t, k)`` of ``k``-out-of-``t`` allocation, validated (``1 <= k <= t``)."""
+    t = check_int("num_steps", num_steps, 1)
+    k = check_int("num_selected", num_selected, 1)
+    if k > t:
+        raise fail("num_selected", num_selected, f"an integer in [1, num_steps={t}]")
+    return t, k
+
+
 def allocation_rdp_remove(
     num_steps: int, noise_multiplier: float, orders: ArrayLike, num_selected: int = 1
 ) -> FloatArray:
@@ -118,10 +128,7 @@ def allocation_rdp_remove(
     Exact at integer orders for ``k = 1`` (Feldman & Shenfeld 2025); for ``k > 1`` the bound
     by ``k`` compositions of 1-out-of-``⌊t/k⌋`` allocation. An upper bound at every order.
     """
-    t = check_int("num_steps", num_steps, 1)
-    k = check_int("num_selected", num_selected, 1)
-    if k > t:
-        raise fail("num_selected", num_selected, f"an integer in [1, num_steps={t}]")
+    t, k = check_steps_selected(num_steps, num_selected)
     sigma = check_positive("noise_multiplier", noise_multiplier)
     a = check_orders(orders)
     up, exact = _integer_orders(a)
@@ -226,10 +233,7 @@ def allocation_rdp_add(
     ``α/(2σ²)`` is used. ``k > 1``: ``k`` compositions of
     1-out-of-``⌊t/k⌋`` (Feldman & Shenfeld 2025). Capped by ``k α/(2σ²)``.
     """
-    t = check_int("num_steps", num_steps, 1)
-    k = check_int("num_selected", num_selected, 1)
-    if k > t:
-        raise fail("num_selected", num_selected, f"an integer in [1, num_steps={t}]")
+    t, k = check_steps_selected(num_steps, num_selected)
     sigma = check_positive("noise_multiplier", noise_multiplier)
     a = check_orders(orders)
     up, exact = _integer_orders(a)
@@ -256,8 +260,7 @@ def allocation_gaussian_rdp(
 
     Cached per (t, σ, k, orders): an accountant fed one epoch at a time pays once."""
     a = check_orders(orders)
-    t = check_int("num_steps", num_steps, 1)
-    k = check_int("num_selected", num_selected, 1)
+    t, k = check_steps_selected(num_steps, num_selected)
     sigma = check_positive("noise_multiplier", noise_multiplier)
     return _cached_curve(t, sigma, k, a.tobytes()).copy()
 

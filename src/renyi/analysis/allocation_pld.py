@@ -94,6 +94,7 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.special import log_ndtr, ndtr, ndtri
 
 from renyi._validation import check_int, check_positive, check_probability, fail
+from renyi.analysis.allocation import check_steps_selected
 from renyi.analysis.pld import DEFAULT_MAX_BINS, PrivacyLossDistribution
 
 __all__ = [
@@ -580,10 +581,7 @@ def allocation_pld(
     """PLDs ``(remove, add)`` of one epoch of random ``k``-out-of-``t`` allocation: upper
     bounds in both directions (module docstring), ``k > 1`` by ``k`` compositions of
     1-out-of-``⌊t/k⌋``."""
-    t = check_int("num_steps", num_steps, 1)
-    k = check_int("num_selected", num_selected, 1)
-    if k > t:
-        raise fail("num_selected", num_selected, f"an integer in [1, num_steps={t}]")
+    t, k = check_steps_selected(num_steps, num_selected)
     m = t // k
     h, tm = value_discretization_interval, tail_mass
     gauss = PrivacyLossDistribution.gaussian(
