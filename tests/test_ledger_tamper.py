@@ -140,7 +140,7 @@ def test_random_byte_flips_never_raise_raw_errors(tmp_path, offset):
 
 def test_keyed_chain_resists_a_consistent_rewrite(tmp_path):
     """Without the key an attacker who recomputes every hash still gets caught."""
-    from renyi.ledger import entry_digest, genesis_digest
+    from renyi.ledger import entry_digest, genesis_digest, state_digest
     from renyi.ledger._base import dumps
 
     key = b"operator-secret-key-0123456789"
@@ -150,14 +150,15 @@ def test_keyed_chain_resists_a_consistent_rewrite(tmp_path):
     b = Budget.open(path, key=key)
     keep = b.entries()[:3]
     b.close()
-    spec = Budget.open(path, key=key).spec
-    head = genesis_digest(spec, None)
+    spec = b.spec
+    head = genesis_digest(spec, None, b.ledger_id)
     conn = sqlite3.connect(path)
     conn.execute("DELETE FROM entries WHERE idx >= 3")
     for e in keep:
         head = entry_digest(e, head, None)
         conn.execute("UPDATE entries SET hash = ? WHERE idx = ?", (head, e.index))
-    state = {"spent": "30", "entries": 3, "head": head}
+    state = {"spent": "30", "entries": 3, "head": head, "id": b.ledger_id}
+    state["tag"] = state_digest(state, None)
     conn.execute("UPDATE state SET value = ?", (dumps(state),))
     conn.commit()
     conn.close()
@@ -212,7 +213,7 @@ def test_postgres_tampering_named(postgres_url):
 
 def test_entry_charged_below_its_event_is_refused(tmp_path):
     """An edited cost with a consistently recomputed chain (no key) is still caught."""
-    from renyi.ledger import entry_digest, genesis_digest
+    from renyi.ledger import entry_digest, genesis_digest, state_digest
     from renyi.ledger._base import dumps
 
     path = tmp_path / "b.sqlite"
@@ -220,7 +221,7 @@ def test_entry_charged_below_its_event_is_refused(tmp_path):
     b = Budget.open(path)
     entries = b.entries()
     b.close()
-    head = genesis_digest(b.spec, None)
+    head = genesis_digest(b.spec, None, b.ledger_id)
     conn = sqlite3.connect(path)
     for e in entries:
         cost = {"epsilon": "1", "exact": "1"} if e.index == 1 else e.cost
@@ -229,9 +230,9 @@ def test_entry_charged_below_its_event_is_refused(tmp_path):
         conn.execute(
             "UPDATE entries SET cost = ?, hash = ? WHERE idx = ?", (dumps(cost), head, e.index)
         )
-    conn.execute(
-        "UPDATE state SET value = ?", (dumps({"spent": "11", "entries": 2, "head": head}),)
-    )
+    state = {"spent": "11", "entries": 2, "head": head, "id": b.ledger_id}
+    state["tag"] = state_digest(state, None)
+    conn.execute("UPDATE state SET value = ?", (dumps(state),))
     conn.commit()
     conn.close()
     with pytest.raises(LedgerError, match="entry #1 records a cost of 1 but its event costs 10"):

@@ -80,14 +80,19 @@ from renyi.errors import BudgetExceededError, PrivacyParameterError, Unsupported
 from renyi.ledger import (
     CHAIN_HMAC,
     CHAIN_SHA256,
+    DEFAULT_NAME,
+    IdempotencyConflictError,
     LedgerEntry,
     LedgerError,
+    LedgerNotFoundError,
     LedgerStore,
     Transaction,
     entry_digest,
     genesis_digest,
+    new_ledger_id,
     now_iso,
     open_store,
+    state_digest,
 )
 from renyi.ledger._base import same_digest
 
@@ -223,7 +228,8 @@ def _key_bytes(key: bytes | str | None) -> bytes | None:
 
 @dataclass(frozen=True)
 class Receipt:
-    """What a successful ``spend`` recorded."""
+    """What a successful ``spend`` recorded (``replayed``: an earlier spend with the same
+    idempotency key, returned again and not charged twice)."""
 
     index: int
     event: Event
@@ -232,6 +238,24 @@ class Receipt:
     state_after: dict[str, Any]
     label: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    time: str = ""
+    hash: str = ""
+    replayed: bool = False
+
+    @classmethod
+    def of(cls, entry: LedgerEntry, event: Event, *, replayed: bool = False) -> Receipt:
+        return cls(
+            entry.index,
+            event,
+            entry.count,
+            entry.cost,
+            entry.state_after,
+            entry.label,
+            entry.metadata,
+            entry.time,
+            entry.hash,
+            replayed,
+        )
 
 
 class Budget:
@@ -246,9 +270,11 @@ class Budget:
         ledger: a path to a SQLite ledger file (created atomically if missing; reopened and
             verified if present), a ``postgresql://`` URL, a
             :class:`~renyi.ledger.LedgerStore`, or None (in memory).
-        key: optional HMAC key (≥ 16 bytes) for the ledger's hash chain: a keyed ledger
-            cannot be rewritten consistently by anyone without the key. A keyed ledger must
-            always be opened with its key.
+        key: optional HMAC key (≥ 16 bytes) for the ledger's hash chain and state row: a
+            keyed ledger cannot be rewritten, cut short or moved consistently by anyone
+            without the key. A keyed ledger must always be opened with its key.
+        expect_id: the ledger id (``budget.ledger_id``, shown by ``renyi ledger show``) that
+            an existing ledger must carry: refuses a ledger swapped for another one.
     """
 
     def __init__(
@@ -261,15 +287,18 @@ class Budget:
         orders: ArrayLike = DEFAULT_ORDERS,
         ledger: str | os.PathLike[str] | LedgerStore | None = None,
         key: bytes | str | None = None,
+        expect_id: str | None = None,
     ) -> None:
         self._key = _key_bytes(key)
         spec = _make_spec(epsilon, delta, rho, curve, orders)
         spec["chain"] = CHAIN_HMAC if self._key is not None else CHAIN_SHA256
         self._store = open_store(ledger)
         self._spec = spec
+        self._id = new_ledger_id()
         self._setup()
         try:
-            self.created = self._store.initialise(spec, self._state_json(self._initial()))
+            state = self._state_json(self._initial())
+            self.created = self._store.initialise(spec, state, self._id)
         except LedgerError:
             try:
                 held = self._store.spec()
@@ -278,32 +307,93 @@ class Budget:
             if held is not None and {**held, "chain": spec["chain"]} == spec:
                 raise self._chain_mismatch(held) from None
             raise
+        if not self.created:
+            info = self._store.info()
+            if info is None:  # pragma: no cover - the store just said it holds this budget
+                raise LedgerError(f"{self._store.describe()} holds no budget")
+            self._id = str(info["id"])
+            self._setup()
+        self._check_expected(expect_id)
         self._load()
 
     @classmethod
     def open(
-        cls, ledger: str | os.PathLike[str] | LedgerStore, *, key: bytes | str | None = None
+        cls,
+        ledger: str | os.PathLike[str] | LedgerStore,
+        *,
+        key: bytes | str | None = None,
+        expect_id: str | None = None,
     ) -> Budget:
-        """Reopen and verify the budget recorded in an existing ledger (path, URL or store)."""
+        """Reopen and verify the budget recorded in an existing ledger (path, URL or store).
+
+        ``expect_id``: the id the ledger must carry (``budget.ledger_id``, printed by
+        ``renyi ledger show``); a different ledger put in its place is refused.
+        """
         store = open_store(ledger, create=False)
-        spec = store.spec()
-        if spec is None:
-            raise LedgerError(
+        info = store.info()
+        if info is None:
+            raise LedgerNotFoundError(
                 f"{store.describe()} holds no budget: create it with Budget(..., ledger=) "
                 "or `renyi ledger init`"
             )
+        spec = info["spec"]
         self = cls.__new__(cls)
         self._key = _key_bytes(key)
         self._store = store
         self._spec = spec
+        self._id = str(info["id"])
         self.created = False
         if spec.get("chain") not in (CHAIN_SHA256, CHAIN_HMAC):
             raise LedgerError(f"{store.describe()}: unknown hash chain {spec.get('chain')!r}")
         if (spec["chain"] == CHAIN_HMAC) != (self._key is not None):
             raise self._chain_mismatch(spec)
+        self._check_expected(expect_id)
         self._setup()
         self._load()
         return self
+
+    @classmethod
+    def connect(
+        cls,
+        url: str,
+        *,
+        token: str | None = None,
+        expect_id: str | None = None,
+        timeout: float = 30.0,
+        job: str | None = None,
+        planned_steps: int | None = None,
+    ) -> Any:
+        """A budget held by a ledger service (``renyi ledger serve``), for another machine.
+
+        ``url`` is ``http[s]://host:port#name`` (the ledger ``name`` of the service;
+        ``default`` if omitted); ``token`` a spend (or read) token from ``renyi ledger
+        token`` (default: ``$RENYI_LEDGER_TOKEN``). The returned
+        :class:`~renyi.ledger.client.RemoteBudget` charges the service *before* each
+        release, exactly as a local budget does: ``spend`` returns only after the service
+        committed the entry, and raises (so nothing is released) when the service refuses
+        (:class:`~renyi.errors.BudgetExceededError`) or cannot be reached or answers
+        otherwise (:class:`~renyi.ledger.LedgerError`). Each spend carries an idempotency
+        key, so a retried request is never charged twice. ``job`` and ``planned_steps``
+        label the spends of a running job for the dashboard's progress table.
+        """
+        from renyi.ledger.client import RemoteBudget
+
+        return RemoteBudget(
+            url,
+            token=token,
+            expect_id=expect_id,
+            timeout=timeout,
+            job=job,
+            planned_steps=planned_steps,
+        )
+
+    def _check_expected(self, expect_id: str | None) -> None:
+        if expect_id is not None and not same_digest(str(expect_id), self._id):
+            raise LedgerError(
+                f"{self._store.describe()} is ledger {self._id}, not the expected {expect_id}: "
+                "a different ledger was put in its place (swapped or replaced); refusing to "
+                "use it"
+            )
 
     def _chain_mismatch(self, held: dict[str, Any]) -> LedgerError:
         where = self._store.describe()
@@ -315,12 +405,26 @@ class Budget:
         )
 
     def _setup(self) -> None:
-        kind = self._spec["kind"]
+        try:
+            kind = self._spec["kind"]
+            if kind not in ("pure", "zcdp", "approx", "rdp"):
+                raise ValueError(f"unknown kind {kind!r}")
+            if kind in ("approx", "rdp"):
+                self._orders = np.array(self._spec["orders"], dtype=np.float64)
+                self._limit = _dec_arr(self._spec["limit"])
+                if self._orders.shape != self._limit.shape or self._orders.ndim != 1:
+                    raise ValueError("orders and limits differ in shape")
+            if kind == "approx":
+                float(self._spec["epsilon"]) + float(self._spec["delta"])
+            elif kind in ("pure", "zcdp"):
+                _dec(self._spec["epsilon" if kind == "pure" else "rho"])
+        except (KeyError, TypeError, ValueError, ArithmeticError) as exc:
+            raise LedgerError(
+                f"{self._store.describe()}: the recorded budget is unreadable ({exc}): a "
+                "damaged ledger; refusing to use it"
+            ) from None
         self.kind: str = kind
-        if kind in ("approx", "rdp"):
-            self._orders = np.array(self._spec["orders"], dtype=np.float64)
-            self._limit = _dec_arr(self._spec["limit"])
-        self._genesis = genesis_digest(self._spec, self._key)
+        self._genesis = genesis_digest(self._spec, self._key, self._id, self.name)
         self._cost_cache: dict[tuple[str, int], Any] = {}
 
     def _load(self) -> None:
@@ -337,6 +441,16 @@ class Budget:
     @property
     def store(self) -> LedgerStore:
         return self._store
+
+    @property
+    def ledger_id(self) -> str:
+        """The ledger's unique id (random, drawn at creation; bound into its hash chain)."""
+        return self._id
+
+    @property
+    def name(self) -> str:
+        """The ledger's name in its store (``"default"`` unless named)."""
+        return str(getattr(self._store, "name", DEFAULT_NAME))
 
     @property
     def head(self) -> str:
@@ -405,7 +519,8 @@ class Budget:
 
     def _state_json(self, spent: Any, n: int = 0, head: str | None = None) -> dict[str, Any]:
         enc: Any = str(spent) if self.kind in ("pure", "zcdp") else _enc(spent)
-        return {"spent": enc, "entries": n, "head": head or self._genesis}
+        state = {"spent": enc, "entries": n, "head": head or self._genesis, "id": self._id}
+        return {**state, "tag": state_digest(state, self._key)}
 
     def _epsilon_of(self, spent: NDArray[np.float64]) -> float:
         """ε at the budget's δ of an RDP total (Mironov, over the budget's fixed grid)."""
@@ -542,6 +657,18 @@ class Budget:
                 f"{where}: the state row says {shown} (state row edited); refusing to use "
                 "this ledger"
             )
+        if not same_digest(str(state.get("id")), self._id):
+            raise LedgerError(
+                f"{where}: the state row belongs to ledger {state.get('id')!r}, not to this "
+                f"ledger {self._id} (moved from another ledger); refusing to use this ledger"
+            )
+        if not same_digest(str(state.get("tag")), state_digest(state, self._key)):
+            keyed = " under the ledger's key" if self._key is not None else ""
+            raise LedgerError(
+                f"{where}: the state row's tag does not verify{keyed}: the state row was "
+                "rewritten (e.g. entries cut from the end and the row set to match) or damaged; "
+                "refusing to use this ledger"
+            )
         return spent
 
     def _full_check(self, t: Transaction) -> Any:
@@ -591,23 +718,35 @@ class Budget:
         *,
         label: str | None = None,
         metadata: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> Receipt:
         """Charge ``count`` runs of ``event``, or raise BudgetExceededError (changing nothing).
 
         The ledger is verified first (see :meth:`verify`), and the entry is committed before
-        this returns: release only after it does.
+        this returns: release only after it does. With ``idempotency_key``, a spend whose key
+        was already charged returns that entry's receipt (``replayed=True``) and charges
+        nothing; the same key with a different event, count or label raises
+        :class:`~renyi.ledger.IdempotencyConflictError`.
         """
         cost = self.cost(event, count)
         event_dict = event.to_dict()
         meta = dict(metadata or {})
         if label is not None and not isinstance(label, str):
             raise fail("label", label, "a string or None")
+        if idempotency_key is not None:
+            if not isinstance(idempotency_key, str) or not 1 <= len(idempotency_key) <= 200:
+                raise fail("idempotency_key", idempotency_key, "a string of 1-200 characters")
+            meta["idempotency_key"] = idempotency_key
 
         done: list[tuple[int, str, Any]] = []
 
         def txn_fn(txn: Transaction) -> Receipt:
             done.clear()
             spent = self._sync(txn)
+            if idempotency_key is not None:
+                prior = txn.find(idempotency_key)
+                if prior is not None:
+                    return self._replay(txn, prior, event, event_dict, count, label)
             new = spent + cost
             if not self._fits(new):
                 raise BudgetExceededError(self._refusal(event, count, spent, cost))
@@ -623,13 +762,43 @@ class Budget:
             )
             digest = entry_digest(entry, self._head, self._key)
             entry = LedgerEntry(**{**entry.__dict__, "hash": digest})
-            txn.append(entry, self._state_json(new, self._n + 1, digest))
+            txn.append(entry, self._state_json(new, self._n + 1, digest), idempotency_key)
             done.append((self._n + 1, digest, new))
-            return Receipt(entry.index, event, count, entry.cost, entry.state_after, label, meta)
+            return Receipt.of(entry, event)
 
         receipt = self._store.transaction(txn_fn)
-        self._n, self._head, self._verified = done[-1]  # committed
+        if done:
+            self._n, self._head, self._verified = done[-1]  # committed
         return receipt
+
+    def _replay(
+        self,
+        txn: Transaction,
+        prior: LedgerEntry,
+        event: Event,
+        event_dict: dict[str, Any],
+        count: int,
+        label: str | None,
+    ) -> Receipt:
+        """The receipt of an entry charged earlier under the same idempotency key."""
+        where = self._store.describe()
+        key = prior.metadata.get("idempotency_key")
+        if prior.event != event_dict or prior.count != count or prior.label != label:
+            raise IdempotencyConflictError(
+                f"{where}: idempotency key {key!r} already charged a different release "
+                f"(entry #{prior.index}: {prior.count} x {prior.event.get('type')}, label "
+                f"{prior.label!r}); use a new key for a new release"
+            )
+        # the entry is part of the verified chain: check its own link once more
+        before = txn.entries(max(prior.index - 1, 0))
+        prev = self._genesis if prior.index == 0 else before[0].hash if before else ""
+        if prior.index >= self._n or not same_digest(
+            prior.hash, entry_digest(prior, prev, self._key)
+        ):
+            raise LedgerError(
+                f"{where}: entry #{prior.index} fails the hash chain; refusing to use this ledger"
+            )
+        return Receipt.of(prior, event, replayed=True)
 
     @contextmanager
     def release(
@@ -782,13 +951,20 @@ class Budget:
     def status(self) -> dict[str, Any]:
         """The budget in the user's units: what was spent and what is left.
 
-        Keys: ``kind``, ``releases`` (entries recorded), ``head`` (the chain head) and, by
+        Keys: ``kind``, ``name`` and ``id`` (the ledger's name in its store and its unique
+        id), ``releases`` (entries recorded), ``head`` (the chain head) and, by
         kind, ``epsilon``/``delta`` (the target), ``epsilon_spent``, ``epsilon_remaining``
         (pure and (ε, δ)), ``rho``, ``rho_spent``, ``rho_remaining`` (zCDP), ``order`` (the
         Rényi order giving the (ε, δ) figure) and ``orders_within_budget``.
         """
         spent = self._spent()
-        out: dict[str, Any] = {"kind": self.kind, "releases": self._n, "head": self._head}
+        out: dict[str, Any] = {
+            "kind": self.kind,
+            "name": self.name,
+            "id": self._id,
+            "releases": self._n,
+            "head": self._head,
+        }
         if self.kind in ("pure", "zcdp"):
             unit = "epsilon" if self.kind == "pure" else "rho"
             cap = self._cap()

@@ -1,10 +1,12 @@
 """``renyi ledger init|status|show|spend|fits``: budgets with a durable ledger, in ε.
 
 ``LEDGER`` is a SQLite file path or a ``postgresql://`` URL (a team ledger; ``#name`` picks
-one of several budgets in a database). A keyed (HMAC) ledger reads its key from the
-``RENYI_LEDGER_KEY`` environment variable. Everything answers in the user's units: ε spent
-and left at the budget's δ (pure ε for pure budgets, ρ for zCDP), with the Rényi order behind
-the figure as a detail; ``--json`` keeps the full per-order curves under ``curves``.
+one of several budgets in a file or database). A keyed (HMAC) ledger reads its key from the
+``RENYI_LEDGER_KEY`` environment variable; ``--expect-id`` refuses a ledger whose id (shown by
+``show``) is not the one given, e.g. a file swapped for another. Everything answers in the
+user's units: ε spent and left at the budget's δ (pure ε for pure budgets, ρ for zCDP), with
+the Rényi order behind the figure as a detail; ``--json`` keeps the full per-order curves
+under ``curves``.
 """
 
 from __future__ import annotations
@@ -42,16 +44,19 @@ def register(sub: Any) -> None:
 
     status = lsub.add_parser("status", help="ε spent and left (one line)")
     status.add_argument("path", metavar="LEDGER", help=_LEDGER_HELP)
+    status.add_argument("--expect-id", help="the ledger id it must carry (from `show`)")
     status.add_argument("--json", action="store_true", help="print one JSON object")
     status.set_defaults(func=_status)
 
     show = lsub.add_parser("show", help="ε spent and left, and the table of releases")
     show.add_argument("path", metavar="LEDGER", help=_LEDGER_HELP)
+    show.add_argument("--expect-id", help="the ledger id it must carry (from `show`)")
     show.add_argument("--json", action="store_true", help="print one JSON object")
     show.set_defaults(func=_show)
 
     spend = lsub.add_parser("spend", help="charge a release (refused if over budget)")
     spend.add_argument("path", metavar="LEDGER", help=_LEDGER_HELP)
+    spend.add_argument("--expect-id", help="the ledger id it must carry (from `show`)")
     _event_flags(spend)
     spend.add_argument("--count", type=int, default=1, help="number of runs, e.g. steps (>= 1)")
     spend.add_argument("--label", help="a label recorded with the entry")
@@ -60,6 +65,7 @@ def register(sub: Any) -> None:
 
     fits = lsub.add_parser("fits", help="how many more steps (releases) of a kind fit")
     fits.add_argument("path", metavar="LEDGER", help=_LEDGER_HELP)
+    fits.add_argument("--expect-id", help="the ledger id it must carry (from `show`)")
     _event_flags(fits)
     fits.add_argument("--json", action="store_true", help="print one JSON object")
     fits.set_defaults(func=_fits)
@@ -102,7 +108,7 @@ def _key() -> str | None:
 
 
 def _open(args: argparse.Namespace) -> Budget:
-    return Budget.open(args.path, key=_key())
+    return Budget.open(args.path, key=_key(), expect_id=args.expect_id)
 
 
 def _num(x: float) -> str:
@@ -242,7 +248,7 @@ def _show(args: argparse.Namespace) -> int:
         )
     headers = ["#", "time (UTC)", "label", "event", "count", f"{unit} cost", f"{unit} spent after"]
     print(format_table(headers, rows, f"{b!r}: {_headline(b, st)}"))
-    print(f"chain head: {st['head']}")
+    print(f"ledger {st['name']!r}, id {st['id']}; chain head: {st['head']}")
     return 0
 
 

@@ -3,7 +3,10 @@
 ``PostgresLedgerStore("postgresql://user@host/db")`` keeps the same hash-chained entries as
 the SQLite store in three tables (``renyi_ledger_meta``, ``renyi_ledger_entries``,
 ``renyi_ledger_state``) keyed by a ledger name, so one database can hold several budgets
-(``postgresql://host/db#team-a`` names one; the default is ``default``).
+(``postgresql://host/db#team-a`` names one; the default is ``default``). Each chain is bound
+to its ledger's name and id, so rows moved or renamed between ledgers fail verification.
+Two more tables hold the ledger service's hashed access tokens and its log of refused
+spends (``renyi_ledger_tokens``, ``renyi_ledger_refusals``; neither is part of any chain).
 
 Every spend runs in a ``SERIALIZABLE`` transaction that locks the ledger's state row
 (``SELECT ... FOR UPDATE``), verifies the entries appended since it last looked, checks the
@@ -28,15 +31,20 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from renyi.ledger._base import (
+    DEFAULT_NAME,
     MAGIC,
     SCHEMA_VERSION,
     LedgerEntry,
     LedgerError,
     LedgerNotFoundError,
+    TokenRecord,
     Transaction,
+    check_name,
     dumps,
     entry_from_row,
     loads,
+    loads_object,
+    now_iso,
 )
 
 __all__ = ["PostgresLedgerStore", "is_postgres_url"]
@@ -51,6 +59,14 @@ _SCHEMA = [
     " count BIGINT NOT NULL, cost TEXT NOT NULL, state_after TEXT NOT NULL, label TEXT,"
     " metadata TEXT NOT NULL, hash TEXT NOT NULL, PRIMARY KEY (ledger, idx))",
     "CREATE TABLE IF NOT EXISTS renyi_ledger_state ( ledger TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "ALTER TABLE renyi_ledger_entries ADD COLUMN IF NOT EXISTS idem TEXT",
+    "CREATE UNIQUE INDEX IF NOT EXISTS renyi_ledger_entries_idem"
+    " ON renyi_ledger_entries (ledger, idem)",
+    "CREATE TABLE IF NOT EXISTS renyi_ledger_tokens ( id TEXT PRIMARY KEY, hash TEXT NOT NULL,"
+    " name TEXT NOT NULL, role TEXT NOT NULL, scope TEXT NOT NULL, created TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS renyi_ledger_refusals ( seq BIGSERIAL PRIMARY KEY,"
+    " ledger TEXT NOT NULL, time TEXT NOT NULL, who TEXT, event TEXT NOT NULL,"
+    " count BIGINT NOT NULL, detail TEXT NOT NULL)",
 ]
 _COLUMNS = "idx, time, event, count, cost, state_after, label, metadata, hash"
 _LOCK_ID = 0x52454E59  # advisory lock serialising schema creation
@@ -82,7 +98,7 @@ class _PgTxn:
             "SELECT value FROM renyi_ledger_state WHERE ledger = %s" + self._lock, (self._ledger,)
         )
         row = self._cur.fetchone()
-        return None if row is None else dict(loads(row[0], f"{self._where}: state row"))
+        return None if row is None else loads_object(row[0], f"{self._where}: state row")
 
     def entries(self, start: int = 0) -> list[LedgerEntry]:
         self._cur.execute(
@@ -98,10 +114,20 @@ class _PgTxn:
         )
         return int(self._cur.fetchone()[0])
 
-    def append(self, entry: LedgerEntry, new_state: dict[str, Any]) -> None:
+    def find(self, idempotency_key: str) -> LedgerEntry | None:
         self._cur.execute(
-            f"INSERT INTO renyi_ledger_entries (ledger, {_COLUMNS}) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            f"SELECT {_COLUMNS} FROM renyi_ledger_entries WHERE ledger = %s AND idem = %s",
+            (self._ledger, idempotency_key),
+        )
+        row = self._cur.fetchone()
+        return None if row is None else entry_from_row(row, self._where)
+
+    def append(
+        self, entry: LedgerEntry, new_state: dict[str, Any], idempotency_key: str | None = None
+    ) -> None:
+        self._cur.execute(
+            f"INSERT INTO renyi_ledger_entries (ledger, {_COLUMNS}, idem) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (
                 self._ledger,
                 entry.index,
@@ -113,6 +139,7 @@ class _PgTxn:
                 entry.label,
                 dumps(entry.metadata),
                 entry.hash,
+                idempotency_key,
             ),
         )
         self._cur.execute(
@@ -145,7 +172,8 @@ class PostgresLedgerStore:
         self._psycopg = psycopg
         parts = urlsplit(url)
         self.url = urlunsplit((parts.scheme, parts.netloc, parts.path, parts.query, ""))
-        self.ledger = ledger or parts.fragment or "default"
+        self.ledger = check_name(ledger or parts.fragment or DEFAULT_NAME)
+        self.name = self.ledger
         self._timeout = timeout
         self._local = threading.local()
         self._where = f"{_redact(self.url)}#{self.ledger}"
@@ -213,29 +241,45 @@ class PostgresLedgerStore:
                     ) from None
 
     # -- LedgerStore -----------------------------------------------------------------
-    def initialise(self, spec: dict[str, Any], state: dict[str, Any]) -> bool:
+    def named(self, name: str) -> PostgresLedgerStore:
+        """The same database, speaking for the ledger ``name``."""
+        return PostgresLedgerStore(self.url, ledger=name, timeout=self._timeout)
+
+    def _check_meta(self, meta: dict[str, str]) -> None:
+        if meta.get("magic") != MAGIC:
+            raise LedgerError(f"{self._where} is not a renyi ledger")
+        version = meta.get("schema_version")
+        if version != str(SCHEMA_VERSION):
+            hint = (
+                " (written by an older renyi whose state row was not authenticated)"
+                if version == "2"
+                else ""
+            )
+            raise LedgerError(
+                f"{self._where}: unsupported ledger schema {version!r}{hint}; this renyi reads "
+                f"schema {SCHEMA_VERSION}"
+            )
+
+    def _schema(self, cur: Any) -> None:
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_ID,))
+        for stmt in _SCHEMA:
+            cur.execute(stmt)
+
+    def initialise(self, spec: dict[str, Any], state: dict[str, Any], ledger_id: str) -> bool:
         psycopg = self._psycopg
         with self._connect("create the ledger") as conn:
             try:
                 conn.isolation_level = None
                 conn.read_only = False
                 with conn.transaction(), conn.cursor() as cur:
-                    cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_ID,))
-                    for stmt in _SCHEMA:
-                        cur.execute(stmt)
+                    self._schema(cur)
                     cur.execute(
                         "SELECT key, value FROM renyi_ledger_meta WHERE ledger = %s",
                         (self.ledger,),
                     )
                     meta = dict(cur.fetchall())
                     if meta:
-                        if meta.get("magic") != MAGIC:
-                            raise LedgerError(f"{self._where} is not a renyi ledger")
-                        if meta.get("schema_version") != str(SCHEMA_VERSION):
-                            raise LedgerError(
-                                f"{self._where}: unsupported ledger schema "
-                                f"{meta.get('schema_version')!r}"
-                            )
+                        self._check_meta(meta)
                         held = loads(meta.get("budget", "null"), f"{self._where}: budget")
                         if held != spec:
                             raise LedgerError(
@@ -249,6 +293,7 @@ class PostgresLedgerStore:
                             (self.ledger, "magic", MAGIC),
                             (self.ledger, "schema_version", str(SCHEMA_VERSION)),
                             (self.ledger, "budget", dumps(spec)),
+                            (self.ledger, "id", ledger_id),
                         ],
                     )
                     cur.execute(
@@ -259,13 +304,14 @@ class PostgresLedgerStore:
             except psycopg.Error as exc:
                 raise LedgerError(f"{self._where}: could not create the ledger: {exc}") from None
 
-    def spec(self) -> dict[str, Any] | None:
+    def _tables_exist(self, cur: Any) -> bool:
+        cur.execute("SELECT to_regclass('renyi_ledger_meta') IS NOT NULL")
+        return bool(cur.fetchone()[0])
+
+    def info(self) -> dict[str, Any] | None:
         def fn(t: Transaction) -> dict[str, Any] | None:
             cur = t._cur  # type: ignore[attr-defined]
-            cur.execute(
-                "SELECT to_regclass('renyi_ledger_meta') IS NOT NULL",
-            )
-            if not cur.fetchone()[0]:
+            if not self._tables_exist(cur):
                 return None
             cur.execute(
                 "SELECT key, value FROM renyi_ledger_meta WHERE ledger = %s", (self.ledger,)
@@ -273,9 +319,25 @@ class PostgresLedgerStore:
             meta = dict(cur.fetchall())
             if not meta:
                 return None
-            if meta.get("magic") != MAGIC or meta.get("schema_version") != str(SCHEMA_VERSION):
-                raise LedgerError(f"{self._where} is not a renyi ledger of this version")
-            return dict(loads(meta["budget"], f"{self._where}: budget"))
+            self._check_meta(meta)
+            if "budget" not in meta or not isinstance(meta.get("id"), str):
+                raise LedgerError(f"{self._where} holds no budget or no id (damaged ledger)")
+            spec = loads_object(meta["budget"], f"{self._where}: budget")
+            return {"spec": spec, "id": meta["id"], "name": self.ledger}
+
+        return self._run(fn, "read the ledger", write=False)
+
+    def spec(self) -> dict[str, Any] | None:
+        info = self.info()
+        return None if info is None else info["spec"]
+
+    def names(self) -> list[str]:
+        def fn(t: Transaction) -> list[str]:
+            cur = t._cur  # type: ignore[attr-defined]
+            if not self._tables_exist(cur):
+                return []
+            cur.execute("SELECT ledger FROM renyi_ledger_meta WHERE key = 'budget' ORDER BY ledger")
+            return [str(r[0]) for r in cur.fetchall()]
 
         return self._run(fn, "read the ledger", write=False)
 
@@ -287,3 +349,66 @@ class PostgresLedgerStore:
 
     def transaction(self, fn: Callable[[Transaction], T]) -> T:
         return self._run(fn, "record the release", write=True)
+
+    # -- the ledger service's records (not part of any chain) ------------------------
+    def _service_write(self, sql: str, params: tuple[Any, ...], action: str) -> None:
+        psycopg = self._psycopg
+        with self._connect(action) as conn:
+            try:
+                conn.isolation_level = None
+                conn.read_only = False
+                with conn.transaction(), conn.cursor() as cur:
+                    self._schema(cur)
+                    cur.execute(sql, params)
+            except psycopg.Error as exc:
+                raise LedgerError(f"{self._where}: could not {action}: {exc}") from None
+
+    def add_token(self, record: TokenRecord) -> None:
+        self._service_write(
+            "INSERT INTO renyi_ledger_tokens (id, hash, name, role, scope, created) "
+            "VALUES (%s, %s, %s, %s, %s, %s)",
+            (record.id, record.hash, record.name, record.role, record.scope, record.created),
+            "record the token",
+        )
+
+    def get_token(self, token_id: str) -> TokenRecord | None:
+        def fn(t: Transaction) -> TokenRecord | None:
+            cur = t._cur  # type: ignore[attr-defined]
+            cur.execute("SELECT to_regclass('renyi_ledger_tokens') IS NOT NULL")
+            if not cur.fetchone()[0]:
+                return None
+            cur.execute(
+                "SELECT id, hash, name, role, scope, created FROM renyi_ledger_tokens "
+                "WHERE id = %s",
+                (token_id,),
+            )
+            row = cur.fetchone()
+            return None if row is None else TokenRecord(*(str(x) for x in row))
+
+        return self._run(fn, "read the tokens", write=False)
+
+    def log_refusal(self, who: str | None, event: dict[str, Any], count: int, detail: str) -> None:
+        self._service_write(
+            "INSERT INTO renyi_ledger_refusals (ledger, time, who, event, count, detail) "
+            "VALUES (%s, %s, %s, %s, %s, %s)",
+            (self.ledger, now_iso(), who, dumps(event), int(count), detail),
+            "record the refusal",
+        )
+
+    def refusals(self, limit: int = 100) -> list[dict[str, Any]]:
+        def fn(t: Transaction) -> list[dict[str, Any]]:
+            cur = t._cur  # type: ignore[attr-defined]
+            cur.execute("SELECT to_regclass('renyi_ledger_refusals') IS NOT NULL")
+            if not cur.fetchone()[0]:
+                return []
+            cur.execute(
+                "SELECT time, who, event, count, detail FROM renyi_ledger_refusals "
+                "WHERE ledger = %s ORDER BY seq DESC LIMIT %s",
+                (self.ledger, int(limit)),
+            )
+            return [
+                {"time": t, "who": w, "event": loads(e, "refusal"), "count": c, "detail": d}
+                for t, w, e, c, d in cur.fetchall()
+            ]
+
+        return self._run(fn, "read the refusals", write=False)

@@ -10,8 +10,14 @@ temporary file beside the target, synced, and then hard-linked into place — wh
 if anything appeared at the path meanwhile, so nothing is ever overwritten and no
 half-created ledger is ever visible. A path holding anything else (an empty file, a
 truncated or foreign file, another SQLite database) raises :class:`LedgerError` and is
-never modified. Every failure of the medium (read-only, full, corrupted) is a LedgerError
-saying what happened and that nothing was recorded.
+never modified. Every failure of the medium (read-only, full, corrupted — including bytes
+that no longer decode as text) is a LedgerError saying what happened and that nothing was
+recorded.
+
+One file can hold several named ledgers (``SQLiteLedgerStore(path, ledger="census")``, or
+``"path#census"`` through :func:`renyi.ledger.open_store`); a file's ledger is ``"default"``
+unless named. The file also keeps the ledger service's hashed access tokens and its log of
+refused spends (neither is part of any chain).
 """
 
 from __future__ import annotations
@@ -29,15 +35,20 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from renyi.ledger._base import (
+    DEFAULT_NAME,
     MAGIC,
     SCHEMA_VERSION,
     LedgerEntry,
     LedgerError,
     LedgerNotFoundError,
+    TokenRecord,
     Transaction,
+    check_name,
     dumps,
     entry_from_row,
     loads,
+    loads_object,
+    now_iso,
 )
 
 __all__ = ["SQLiteLedgerStore"]
@@ -48,10 +59,14 @@ _HEADER = b"SQLite format 3\x00"
 
 T = TypeVar("T")
 
+# meta rows of ledger '' describe the file (magic, schema_version); the others, one ledger
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (
+    ledger TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (ledger, key)
+);
 CREATE TABLE IF NOT EXISTS entries (
-    idx INTEGER PRIMARY KEY,
+    ledger TEXT NOT NULL,
+    idx INTEGER NOT NULL,
     time TEXT NOT NULL,
     event TEXT NOT NULL,
     count INTEGER NOT NULL,
@@ -59,10 +74,22 @@ CREATE TABLE IF NOT EXISTS entries (
     state_after TEXT NOT NULL,
     label TEXT,
     metadata TEXT NOT NULL,
-    hash TEXT NOT NULL
+    hash TEXT NOT NULL,
+    idem TEXT,
+    PRIMARY KEY (ledger, idx)
 );
-CREATE TABLE IF NOT EXISTS state (id INTEGER PRIMARY KEY CHECK (id = 1), value TEXT NOT NULL);
+CREATE UNIQUE INDEX IF NOT EXISTS entries_idem ON entries (ledger, idem);
+CREATE TABLE IF NOT EXISTS state (ledger TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tokens (
+    id TEXT PRIMARY KEY, hash TEXT NOT NULL, name TEXT NOT NULL, role TEXT NOT NULL,
+    scope TEXT NOT NULL, created TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS refusals (
+    ledger TEXT NOT NULL, time TEXT NOT NULL, who TEXT, event TEXT NOT NULL,
+    count INTEGER NOT NULL, detail TEXT NOT NULL
+);
 """
+_TABLES = ("meta", "entries", "state", "tokens", "refusals")
 
 _COLUMNS = "idx, time, event, count, cost, state_after, label, metadata, hash"
 
@@ -111,30 +138,54 @@ def _guard(where: str, action: str) -> Iterator[None]:
         raise
     except (sqlite3.Error, OSError) as exc:
         raise LedgerError(_explain(where, action, exc)) from exc
+    except UnicodeError as exc:  # stored text that no longer decodes: flipped bits
+        raise LedgerError(
+            f"{where} is corrupted (stored text does not decode: {exc}); refusing to use it — "
+            "restore it from a backup"
+        ) from None
 
 
 class _SQLiteTxn:
-    def __init__(self, conn: sqlite3.Connection, where: str) -> None:
+    def __init__(self, conn: sqlite3.Connection, where: str, ledger: str) -> None:
         self._conn = conn
         self._where = where
+        self._ledger = ledger
 
     def state(self) -> dict[str, Any] | None:
-        row = self._conn.execute("SELECT value FROM state WHERE id = 1").fetchone()
-        return None if row is None else dict(loads(row[0], f"{self._where}: state row"))
+        row = self._conn.execute(
+            "SELECT value FROM state WHERE ledger = ?", (self._ledger,)
+        ).fetchone()
+        return None if row is None else loads_object(row[0], f"{self._where}: state row")
 
     def entries(self, start: int = 0) -> list[LedgerEntry]:
         rows = self._conn.execute(
-            f"SELECT {_COLUMNS} FROM entries WHERE idx >= ? ORDER BY idx", (start,)
+            f"SELECT {_COLUMNS} FROM entries WHERE ledger = ? AND idx >= ? ORDER BY idx",
+            (self._ledger, start),
         ).fetchall()
         return [entry_from_row(r, self._where) for r in rows]
 
     def count_entries(self) -> int:
-        return int(self._conn.execute("SELECT COUNT(*) FROM entries").fetchone()[0])
+        return int(
+            self._conn.execute(
+                "SELECT COUNT(*) FROM entries WHERE ledger = ?", (self._ledger,)
+            ).fetchone()[0]
+        )
 
-    def append(self, entry: LedgerEntry, new_state: dict[str, Any]) -> None:
+    def find(self, idempotency_key: str) -> LedgerEntry | None:
+        row = self._conn.execute(
+            f"SELECT {_COLUMNS} FROM entries WHERE ledger = ? AND idem = ?",
+            (self._ledger, idempotency_key),
+        ).fetchone()
+        return None if row is None else entry_from_row(row, self._where)
+
+    def append(
+        self, entry: LedgerEntry, new_state: dict[str, Any], idempotency_key: str | None = None
+    ) -> None:
         self._conn.execute(
-            f"INSERT INTO entries ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO entries (ledger, {_COLUMNS}, idem) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
+                self._ledger,
                 entry.index,
                 entry.time,
                 dumps(entry.event),
@@ -144,12 +195,11 @@ class _SQLiteTxn:
                 entry.label,
                 dumps(entry.metadata),
                 entry.hash,
+                idempotency_key,
             ),
         )
         self._conn.execute(
-            "INSERT INTO state (id, value) VALUES (1, ?) "
-            "ON CONFLICT(id) DO UPDATE SET value = excluded.value",
-            (dumps(new_state),),
+            "UPDATE state SET value = ? WHERE ledger = ?", (dumps(new_state), self._ledger)
         )
 
 
@@ -167,16 +217,23 @@ class SQLiteLedgerStore:
 
     Args:
         path: the ledger file. A missing file is created (atomically) by ``initialise``.
+        ledger: the ledger's name in the file (default ``"default"``).
         create: if False, a missing file raises LedgerError at once.
         timeout: seconds to wait for another process's write lock.
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, create: bool = True, timeout: float = 60.0
+        self,
+        path: str | os.PathLike[str],
+        *,
+        ledger: str | None = None,
+        create: bool = True,
+        timeout: float = 60.0,
     ) -> None:
         self.path = Path(path)
+        self.name = check_name(ledger or DEFAULT_NAME)
         self._timeout = timeout
-        self._where = repr(str(self.path))
+        self._where = repr(str(self.path)) + ("" if self.name == DEFAULT_NAME else f"#{self.name}")
         self._local = threading.local()
         if self.path.is_dir():
             raise LedgerError(f"{self._where} is a directory, not a ledger file")
@@ -287,7 +344,9 @@ class SQLiteLedgerStore:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
             rows: dict[str, str] = {}
             if "meta" in tables:
-                rows = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+                columns = {r[1] for r in conn.execute("PRAGMA table_info(meta)")}
+                where = " WHERE ledger = ''" if "ledger" in columns else ""
+                rows = dict(conn.execute(f"SELECT key, value FROM meta{where}").fetchall())
             n = 0
             if "entries" in tables:
                 n = int(conn.execute("SELECT COUNT(*) FROM entries").fetchone()[0])
@@ -303,7 +362,11 @@ class SQLiteLedgerStore:
             )
         version = rows.get("schema_version")
         if version != str(SCHEMA_VERSION):
-            hint = " (written by an older renyi without the hash chain)" if version == "1" else ""
+            hint = {
+                "1": " (written by an older renyi without the hash chain)",
+                "2": " (written by an older renyi whose state row was not authenticated: read "
+                "it with that renyi, e.g. `renyi ledger show --json`, and start a new ledger)",
+            }.get(str(version), "")
             raise LedgerError(
                 f"{self._where}: unsupported ledger schema {version!r}{hint}; this renyi reads "
                 f"schema {SCHEMA_VERSION}"
@@ -311,26 +374,74 @@ class SQLiteLedgerStore:
         return False
 
     # -- LedgerStore -----------------------------------------------------------------
-    def initialise(self, spec: dict[str, Any], state: dict[str, Any]) -> bool:
+    def named(self, name: str) -> SQLiteLedgerStore:
+        """The same file, speaking for the ledger ``name``."""
+        return SQLiteLedgerStore(self.path, ledger=name, timeout=self._timeout)
+
+    def _write(self, fn: Callable[[sqlite3.Connection], T], action: str) -> T:
+        """Run ``fn`` inside one write transaction (BEGIN IMMEDIATE ... COMMIT)."""
+        with self._conn(read_only=False, action=action) as conn:
+            deadline = time.monotonic() + self._timeout
+            with _guard(self._where, action):
+                while True:
+                    try:
+                        conn.execute("BEGIN IMMEDIATE")
+                        break
+                    except sqlite3.OperationalError as exc:  # pragma: no cover - contention
+                        if "locked" not in str(exc) or time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.01)
+            try:
+                with _guard(self._where, action):
+                    out = fn(conn)
+                    conn.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+            return out
+
+    def _ledger_rows(self, spec: dict[str, Any], state: dict[str, Any], ledger_id: str) -> Any:
+        return (
+            [(self.name, "budget", dumps(spec)), (self.name, "id", ledger_id)],
+            (self.name, dumps(state)),
+        )
+
+    def initialise(self, spec: dict[str, Any], state: dict[str, Any], ledger_id: str) -> bool:
         if not self.path.exists():
-            if self._create(spec, state):
+            if self._create(spec, state, ledger_id):
                 return True
         self._check_file()
         with self._conn(read_only=True, action="open the ledger") as conn:
             self._half = self._check_schema(conn)
         if self._half:
-            self._complete(spec, state)
-        with self._conn(read_only=True, action="open the ledger") as conn:
-            with _guard(self._where, "read the ledger"):
-                row = conn.execute("SELECT value FROM meta WHERE key = 'budget'").fetchone()
-        if row is None:
-            raise LedgerError(f"{self._where} holds no budget (damaged ledger)")
-        held = loads(row[0], f"{self._where}: budget")
-        if held != spec:
-            raise LedgerError(f"{self._where} already holds a different budget: {row[0]}")
+            self._complete()
+        info = self.info()
+        if info is None:
+
+            def add(conn: sqlite3.Connection) -> bool:
+                held = conn.execute(
+                    "SELECT value FROM meta WHERE ledger = ? AND key = 'budget'", (self.name,)
+                ).fetchone()
+                if held is not None:
+                    return False  # another process created it meanwhile: compare below
+                meta, row = self._ledger_rows(spec, state, ledger_id)
+                conn.executemany("INSERT INTO meta (ledger, key, value) VALUES (?, ?, ?)", meta)
+                conn.execute("INSERT INTO state (ledger, value) VALUES (?, ?)", row)
+                return True
+
+            if self._write(add, "create the ledger"):
+                return True
+            info = self.info()
+            if info is None:  # pragma: no cover - a row vanished between two reads
+                raise LedgerError(f"{self._where} holds no budget (damaged ledger)")
+        if info["spec"] != spec:
+            raise LedgerError(
+                f"{self._where} already holds a different budget: {dumps(info['spec'])}"
+            )
         return False
 
-    def _create(self, spec: dict[str, Any], state: dict[str, Any]) -> bool:
+    def _create(self, spec: dict[str, Any], state: dict[str, Any], ledger_id: str) -> bool:
         """Write the whole ledger beside the target, then link it into place. False if beaten."""
         tmp = self.path.with_name(f".{self.path.name}.creating-{uuid.uuid4().hex[:12]}")
         try:
@@ -340,18 +451,7 @@ class SQLiteLedgerStore:
                     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                     conn.execute("PRAGMA journal_mode = WAL")
                     conn.execute("BEGIN IMMEDIATE")
-                    for stmt in _SCHEMA.split(";"):
-                        if stmt.strip():
-                            conn.execute(stmt)
-                    conn.executemany(
-                        "INSERT INTO meta (key, value) VALUES (?, ?)",
-                        [
-                            ("magic", MAGIC),
-                            ("schema_version", str(SCHEMA_VERSION)),
-                            ("budget", dumps(spec)),
-                        ],
-                    )
-                    conn.execute("INSERT INTO state (id, value) VALUES (1, ?)", (dumps(state),))
+                    self._fill(conn, spec, state, ledger_id)
                     conn.execute("COMMIT")
                     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 finally:
@@ -371,31 +471,42 @@ class SQLiteLedgerStore:
                 with contextlib.suppress(OSError):
                     leftover.unlink()
 
-    def _complete(self, spec: dict[str, Any], state: dict[str, Any]) -> None:
-        """Finish a ledger whose creation an older renyi left half done (it holds no entry)."""
+    def _fill(
+        self,
+        conn: sqlite3.Connection,
+        spec: dict[str, Any] | None = None,
+        state: dict[str, Any] | None = None,
+        ledger_id: str | None = None,
+    ) -> None:
+        """Create the schema and the file's marker (and this ledger, if given)."""
+        for stmt in _SCHEMA.split(";"):
+            if stmt.strip():
+                conn.execute(stmt)
+        conn.executemany(
+            "INSERT INTO meta (ledger, key, value) VALUES ('', ?, ?)",
+            [("magic", MAGIC), ("schema_version", str(SCHEMA_VERSION))],
+        )
+        if spec is not None and state is not None and ledger_id is not None:
+            meta, row = self._ledger_rows(spec, state, ledger_id)
+            conn.executemany("INSERT INTO meta (ledger, key, value) VALUES (?, ?, ?)", meta)
+            conn.execute("INSERT INTO state (ledger, value) VALUES (?, ?)", row)
+
+    def _complete(self) -> None:
+        """Finish a file whose creation an older renyi left half done (it holds no entry)."""
         with (
             self._conn(read_only=False, action="complete the half-created ledger") as conn,
             _guard(self._where, "complete the half-created ledger"),
         ):
             conn.execute("BEGIN IMMEDIATE")
             try:
-                for stmt in _SCHEMA.split(";"):
-                    if stmt.strip():
-                        conn.execute(stmt)
-                n = int(conn.execute("SELECT COUNT(*) FROM entries").fetchone()[0])
-                magic = conn.execute("SELECT value FROM meta WHERE key = 'magic'").fetchone()
-                if n == 0 and magic is None:
-                    conn.execute("DELETE FROM meta")
-                    conn.execute("DELETE FROM state")
-                    conn.executemany(
-                        "INSERT INTO meta (key, value) VALUES (?, ?)",
-                        [
-                            ("magic", MAGIC),
-                            ("schema_version", str(SCHEMA_VERSION)),
-                            ("budget", dumps(spec)),
-                        ],
-                    )
-                    conn.execute("INSERT INTO state (id, value) VALUES (1, ?)", (dumps(state),))
+                tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+                n = 0
+                if "entries" in tables:
+                    n = int(conn.execute("SELECT COUNT(*) FROM entries").fetchone()[0])
+                if n == 0 and self._check_schema(conn):
+                    for table in _TABLES:
+                        conn.execute(f"DROP TABLE IF EXISTS {table}")
+                    self._fill(conn)
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -403,15 +514,39 @@ class SQLiteLedgerStore:
             conn.execute("PRAGMA journal_mode = WAL")
         self._half = False
 
-    def spec(self) -> dict[str, Any] | None:
+    def info(self) -> dict[str, Any] | None:
         if self._half:
             return None
         with (
             self._conn(read_only=True, action="read the ledger") as conn,
             _guard(self._where, "read the ledger"),
         ):
-            row = conn.execute("SELECT value FROM meta WHERE key = 'budget'").fetchone()
-        return None if row is None else dict(loads(row[0], f"{self._where}: budget"))
+            rows = conn.execute(
+                "SELECT key, value FROM meta WHERE ledger = ?", (self.name,)
+            ).fetchall()
+        meta = dict(rows)
+        if "budget" not in meta:
+            return None
+        if not isinstance(meta.get("id"), str):
+            raise LedgerError(f"{self._where} holds a budget but no ledger id (damaged ledger)")
+        spec = loads_object(meta["budget"], f"{self._where}: budget")
+        return {"spec": spec, "id": meta["id"], "name": self.name}
+
+    def spec(self) -> dict[str, Any] | None:
+        info = self.info()
+        return None if info is None else info["spec"]
+
+    def names(self) -> list[str]:
+        if self._half or not self.path.exists():
+            return []
+        with (
+            self._conn(read_only=True, action="read the ledger") as conn,
+            _guard(self._where, "read the ledger"),
+        ):
+            rows = conn.execute(
+                "SELECT ledger FROM meta WHERE key = 'budget' ORDER BY ledger"
+            ).fetchall()
+        return [str(r[0]) for r in rows]
 
     def entries(self) -> list[LedgerEntry]:
         return self.read(lambda t: t.entries())
@@ -423,29 +558,59 @@ class SQLiteLedgerStore:
         ):
             conn.execute("BEGIN")
             try:
-                return fn(_SQLiteTxn(conn, self._where))
+                return fn(_SQLiteTxn(conn, self._where, self.name))
             finally:
                 conn.execute("ROLLBACK")
 
     def transaction(self, fn: Callable[[Transaction], T]) -> T:
-        action = "record the release"
-        with self._conn(read_only=False, action=action) as conn:
-            deadline = time.monotonic() + self._timeout
-            with _guard(self._where, action):
-                while True:
-                    try:
-                        conn.execute("BEGIN IMMEDIATE")
-                        break
-                    except sqlite3.OperationalError as exc:  # pragma: no cover - contention
-                        if "locked" not in str(exc) or time.monotonic() > deadline:
-                            raise
-                        time.sleep(0.01)
-            try:
-                with _guard(self._where, action):
-                    out = fn(_SQLiteTxn(conn, self._where))
-                    conn.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-                raise
-            return out
+        return self._write(lambda conn: fn(_SQLiteTxn(conn, self._where, self.name)), _RECORD)
+
+    # -- the ledger service's records (not part of any chain) ------------------------
+    def add_token(self, record: TokenRecord) -> None:
+        def add(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO tokens (id, hash, name, role, scope, created) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (record.id, record.hash, record.name, record.role, record.scope, record.created),
+            )
+
+        self._write(add, "record the token")
+
+    def get_token(self, token_id: str) -> TokenRecord | None:
+        with (
+            self._conn(read_only=True, action="read the ledger") as conn,
+            _guard(self._where, "read the ledger"),
+        ):
+            row = conn.execute(
+                "SELECT id, hash, name, role, scope, created FROM tokens WHERE id = ?",
+                (token_id,),
+            ).fetchone()
+        return None if row is None else TokenRecord(*(str(x) for x in row))
+
+    def log_refusal(self, who: str | None, event: dict[str, Any], count: int, detail: str) -> None:
+        def add(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO refusals (ledger, time, who, event, count, detail) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (self.name, now_iso(), who, dumps(event), int(count), detail),
+            )
+
+        self._write(add, "record the refusal")
+
+    def refusals(self, limit: int = 100) -> list[dict[str, Any]]:
+        with (
+            self._conn(read_only=True, action="read the ledger") as conn,
+            _guard(self._where, "read the ledger"),
+        ):
+            rows = conn.execute(
+                "SELECT time, who, event, count, detail FROM refusals WHERE ledger = ? "
+                "ORDER BY rowid DESC LIMIT ?",
+                (self.name, int(limit)),
+            ).fetchall()
+        return [
+            {"time": t, "who": w, "event": loads(e, "refusal"), "count": c, "detail": d}
+            for t, w, e, c, d in rows
+        ]
+
+
+_RECORD = "record the release"
