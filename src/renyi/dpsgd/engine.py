@@ -56,8 +56,9 @@ event (:func:`renyi.analysis.events.training_event`), per epoch for the epoch sa
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from torch import Tensor, nn
@@ -287,12 +288,29 @@ class _EngineAccountant:
         ]
 
     def get_epsilon(self, delta: float, **_: Any) -> float:
-        """ε spent so far at ``delta`` (0 before the first step)."""
+        """ε spent so far at ``delta`` (0 before the first step), restored history included."""
         delta = check_delta(delta)
-        if len(self) == 0:
-            return 0.0
         self._flush()
+        if self.accountant.is_empty:
+            return 0.0
         return float(self.accountant.epsilon(delta).epsilon)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The accountant's history (every step of every optimizer of the engine)."""
+        self._flush()
+        return {"name": self.name, "accountant": self.accountant.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` in place (checked first: same accountant kind)."""
+        from renyi.dpsgd.optimizer import _restore_in_place
+
+        name = state.get("name") if isinstance(state, dict) else state
+        if _ACCOUNTANTS.get(str(name)) != _ACCOUNTANTS[self.name]:
+            raise fail("checkpoint accountant", name, f"{self.name!r} (this engine's accountant)")
+        restored = type(self.accountant).from_state_dict(state["accountant"])
+        for opt in self.optimizers:
+            opt._pending_steps = 0  # what they had pending is in the restored history or gone
+        _restore_in_place(self.accountant, restored)
 
 
 class PrivacyEngine:
@@ -335,6 +353,88 @@ class PrivacyEngine:
     def get_epsilon(self, delta: float) -> float:
         """ε spent so far by every optimizer this engine made, at ``delta``."""
         return self.accountant.get_epsilon(delta)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(
+        self,
+        *,
+        path: str | os.PathLike[str] | BinaryIO,
+        module: nn.Module,
+        optimizer: DPOptimizer | None = None,
+        noise_scheduler: Any = None,
+        grad_clip_scheduler: Any = None,
+        checkpoint_dict: dict[str, Any] | None = None,
+        module_state_dict_kwargs: dict[str, Any] | None = None,
+        torch_save_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        """Opacus's ``save_checkpoint``: the module, the accountant and the optimizer at
+        ``path`` (``torch.save``), between two steps.
+
+        ``optimizer_state_dict`` is :meth:`DPOptimizer.state_dict`: the wrapped optimizer,
+        the accountant, the sampler's position and random state, and the noise source's
+        state — for renyi's secure source nothing (no key is ever written; a resumed run
+        draws fresh noise from the OS), for a seeded source its generator state (so a
+        seeded run resumes bit for bit). Everything is plain values and tensors: it loads
+        with ``torch.load(weights_only=True)``. Your own entries (an LR scheduler's
+        ``state_dict()``, the epoch) go in ``checkpoint_dict``.
+
+        Raises:
+            PrivacyParameterError: a noise or clipping scheduler (renyi has none: σ and C
+                are fixed by the plan), or a checkpoint in the middle of a logical batch.
+        """
+        _no_schedulers(noise_scheduler, grad_clip_scheduler)
+        checkpoint = dict(checkpoint_dict or {})
+        checkpoint["module_state_dict"] = module.state_dict(**(module_state_dict_kwargs or {}))
+        if optimizer is not None:
+            checkpoint["optimizer_state_dict"] = optimizer.state_dict()
+        checkpoint["privacy_accountant_state_dict"] = self.accountant.state_dict()
+        torch.save(checkpoint, path, **(torch_save_kwargs or {}))
+
+    def load_checkpoint(
+        self,
+        *,
+        path: str | os.PathLike[str] | BinaryIO,
+        module: nn.Module,
+        optimizer: DPOptimizer | None = None,
+        noise_scheduler: Any = None,
+        grad_clip_scheduler: Any = None,
+        module_load_dict_kwargs: dict[str, Any] | None = None,
+        torch_load_kwargs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Opacus's ``load_checkpoint``: restore what :meth:`save_checkpoint` wrote and
+        return the checkpoint dict (your ``checkpoint_dict`` entries included).
+
+        Resume as in Opacus: a fresh engine, ``make_private_with_epsilon`` with the run's
+        arguments (σ comes out the same), then this. The optimizer's checkpoint is checked
+        before anything is restored (same σ, C, batch size and event); its accountant history
+        goes into this engine's accountant, and the loader returned by ``make_private``
+        continues after the checkpoint's last batch, so ``get_epsilon`` and the remaining
+        steps are those of the uninterrupted run. Read with ``torch.load(weights_only=True)``
+        unless ``torch_load_kwargs`` says otherwise.
+
+        Raises:
+            PrivacyParameterError: a checkpoint of another mechanism or accountant, an
+                optimizer without its state in the checkpoint (or the reverse), a scheduler.
+        """
+        _no_schedulers(noise_scheduler, grad_clip_scheduler)
+        load_kwargs = {"weights_only": True, **(torch_load_kwargs or {})}
+        checkpoint: dict[str, Any] = torch.load(path, **load_kwargs)
+        if not isinstance(checkpoint, dict) or "module_state_dict" not in checkpoint:
+            raise fail("checkpoint", type(checkpoint).__name__, "a save_checkpoint() file")
+        opt_state = checkpoint.pop("optimizer_state_dict", None)
+        if (optimizer is None) != (opt_state is None):
+            raise fail(
+                "optimizer",
+                "given" if optimizer is not None else None,
+                "given exactly when the checkpoint holds an optimizer state (a resumed "
+                "optimizer without it would restart its sampler and step count)",
+            )
+        if optimizer is not None:
+            optimizer.load_state_dict(opt_state)  # checks the mechanism before restoring
+        if optimizer is None or optimizer.accountant is not self.accountant.accountant:
+            self.accountant.load_state_dict(checkpoint["privacy_accountant_state_dict"])
+        module.load_state_dict(checkpoint["module_state_dict"], **(module_load_dict_kwargs or {}))
+        return checkpoint
 
     # ------------------------------------------------------------------ make_private
     def make_private(
@@ -576,6 +676,20 @@ class PrivacyEngine:
             _target=(target_epsilon, target_delta),
             **kwargs,
         )
+
+
+def _no_schedulers(noise_scheduler: Any, grad_clip_scheduler: Any) -> None:
+    for name, value in (
+        ("noise_scheduler", noise_scheduler),
+        ("grad_clip_scheduler", grad_clip_scheduler),
+    ):
+        if value is not None:
+            raise fail(
+                name,
+                type(value).__name__,
+                "None (renyi has no noise or clipping schedulers: sigma and C are fixed by "
+                "the plan the guarantee was computed for)",
+            )
 
 
 def _adaptive_kwargs(clipping: str, kwargs: dict[str, Any]) -> dict[str, Any] | None:

@@ -42,6 +42,7 @@ Example:
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -188,8 +189,15 @@ def _check_noise_source(source: Any, allow_predictable_noise: bool) -> bool:
     return False
 
 
-class DPOptimizer:
+class DPOptimizer(torch.optim.Optimizer):
     """Differentially private wrapper around a ``torch.optim.Optimizer`` (DP-SGD).
+
+    It is a ``torch.optim.Optimizer`` itself, sharing ``param_groups``, ``state`` and
+    ``defaults`` with the wrapped optimizer (the same objects, not copies): learning-rate
+    schedulers (``StepLR``, ``LambdaLR``, Hugging Face's ``get_linear_schedule_with_warmup``)
+    read and write the wrapped optimizer's learning rates; ``torch.amp.GradScaler`` is
+    supported exactly (see :meth:`step`); :meth:`state_dict` / :meth:`load_state_dict`
+    round-trip the whole private state (wrapped optimizer, accountant, sampler, noise source).
 
     Args:
         optimizer: the wrapped optimizer; every parameter it updates must belong to ``model``.
@@ -342,11 +350,59 @@ class DPOptimizer:
         self._pending_event: Event | None = None  # what those charges are of
         self._summed: dict[str, torch.Tensor] | None = None
         self._examples_seen = 0
+        self._linked_batches: list[Any] = []  # loaders to move on when a checkpoint is loaded
+        # torch.optim.Optimizer's hook tables (Optimizer.__init__ is not called: it would
+        # build a second set of parameter groups; param_groups/state/defaults are the wrapped
+        # optimizer's, below)
+        self._optimizer_step_pre_hooks = OrderedDict()
+        self._optimizer_step_post_hooks = OrderedDict()
+        self._optimizer_state_dict_pre_hooks = OrderedDict()
+        self._optimizer_state_dict_post_hooks = OrderedDict()
+        self._optimizer_load_state_dict_pre_hooks = OrderedDict()
+        self._optimizer_load_state_dict_post_hooks = OrderedDict()
 
-    # -- torch.optim.Optimizer look-alike ------------------------------------------------
-    @property
+    # -- torch.optim.Optimizer: the wrapped optimizer's groups, state and defaults ---------
+    #: ``torch.amp.GradScaler.step`` hands this optimizer its scale (``grad_scale``) and
+    #: inf flag (``found_inf``) instead of unscaling ``.grad`` itself: see :meth:`step`.
+    _step_supports_amp_scaling = True
+
+    @property  # type: ignore[override]
     def param_groups(self) -> list[dict[str, Any]]:
+        """The wrapped optimizer's parameter groups (schedulers change ``lr`` here)."""
         return self.original_optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.original_optimizer.param_groups = value
+
+    @property  # type: ignore[override]
+    def state(self) -> Any:
+        """The wrapped optimizer's per-parameter state (e.g. Adam's moments)."""
+        return self.original_optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.original_optimizer.state = value
+
+    @property  # type: ignore[override]
+    def defaults(self) -> dict[str, Any]:
+        return self.original_optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.original_optimizer.defaults = value
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Refused: the clipped parameters are fixed when the DP optimizer is made."""
+        raise fail(
+            "add_param_group",
+            f"a group of {len(list(param_group.get('params', [])))} parameters",
+            "no new groups after the DP optimizer is made (their gradients would be neither "
+            "clipped nor noised): add them to the optimizer before make_private",
+        )
+
+    def __repr__(self) -> str:
+        return f"DPOptimizer({self.original_optimizer!r})"
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear ``.grad`` and the accumulated clipped sums of the current logical batch.
@@ -570,14 +626,61 @@ class DPOptimizer:
         captured forward/backward of an empty batch) is still a step: it releases pure noise
         and is accounted like any other.
 
+        Step hooks registered on this optimizer (``register_step_pre_hook`` /
+        ``register_step_post_hook``) run around it; those of the wrapped optimizer run
+        around its own step.
+
+        **Gradient scaling** (``scaler.scale(loss).backward(); scaler.step(optimizer)`` with
+        ``torch.amp.GradScaler``): the scaler hands its scale ``S`` to this optimizer
+        (``_step_supports_amp_scaling``) instead of unscaling ``.grad``. The captured
+        per-example gradients are those of ``S·loss``; each is clipped to ``S·C`` and the sum
+        divided by ``S``, which is exactly ``Σ clip(g_i, C)`` (bit for bit when ``S`` is a
+        power of two, as GradScaler's are). A step whose scaled gradients overflowed is
+        **refused** (:class:`NonFiniteLossError`), never skipped: a skipped step would
+        reveal, without noise, that some example's gradient overflowed, and the scale that
+        the scaler then lowers would carry that bit into every later step. Flat clipping only.
+
         Raises:
             PlanExceededError: the step would go past the plan (``max_steps``).
             UnclippedGradientError: no clipped sums for this step (e.g. ``loss.backward()``
                 without a capture): nothing is released, never noise on a raw ``.grad``.
             BudgetExceededError: the budget hook refused the step.
+            NonFiniteLossError: non-finite gradients (also those a GradScaler found).
         """
         if closure is not None:
             raise fail("closure", closure, "None (closures re-evaluate the loss non-privately)")
+        args: tuple[Any, ...] = (self,)
+        kwargs: dict[str, Any] = {}
+        for pre_hook in list(self._optimizer_step_pre_hooks.values()):
+            result = pre_hook(self, args, kwargs)
+            if result is not None:
+                raise fail("step pre-hook result", result, "None (the DP step takes no arguments)")
+        out = self._private_step()
+        for post_hook in list(self._optimizer_step_post_hooks.values()):
+            post_hook(self, args, kwargs)
+        return out
+
+    def _amp_scale(self) -> float:
+        """The loss scale ``S`` a ``torch.amp.GradScaler`` set for this step (1 without one);
+        refuses a step whose scaled gradients the scaler found non-finite."""
+        scale = getattr(self, "grad_scale", None)
+        if scale is None:
+            return 1.0
+        found = getattr(self, "found_inf", None)
+        if found is not None and float(found) > 0:
+            raise NonFiniteLossError(
+                "torch.amp.GradScaler found inf/NaN in the scaled gradients; the step was "
+                "refused, not skipped (a skipped step, and the lowered scale after it, would "
+                "reveal without noise that an example's gradient overflowed). Start from a "
+                "smaller init_scale, or train without a scaler (bfloat16 needs none); nothing "
+                "was released"
+            )
+        value = float(scale)
+        if not math.isfinite(value) or value <= 0:
+            raise fail("GradScaler scale", value, "a finite positive loss scale")
+        return value
+
+    def _private_step(self) -> Any:
         self._check_plan()
         self._check_frozen()
         if self._summed is None or (self._mid_batch and self.capture is not None):
@@ -643,7 +746,7 @@ class DPOptimizer:
                 "captured per example; nothing was released"
             )
         try:
-            sums, n, norms = self.capture.pop_clipped_sum()
+            sums, n, norms = self._pop_captured(self.capture)
         except RenyiError as exc:
             if type(exc).__name__ != "MissingGradientError":
                 raise  # a refused model or input (e.g. ExampleMixingError): its own error
@@ -652,6 +755,29 @@ class DPOptimizer:
                 "nothing was released"
             ) from exc
         self._add_captured(sums, n, norms)
+
+    def _pop_captured(
+        self, capture: GradientCapture
+    ) -> tuple[dict[str, torch.Tensor], int, torch.Tensor]:
+        """The capture's clipped sums; under a GradScaler's scale ``S``, clipped at ``S·C``
+        and divided by ``S`` (= the sums of the unscaled gradients clipped at ``C``)."""
+        scale = self._amp_scale()
+        if scale == 1.0:
+            return capture.pop_clipped_sum()
+        if getattr(self.engine, "clipping", "flat") != "flat":
+            capture.zero_grad()
+            raise fail(
+                "clipping",
+                getattr(self.engine, "clipping", None),
+                "'flat' with a GradScaler (only flat clipping commutes with the loss scale)",
+            )
+        clip = self.max_grad_norm
+        capture.max_grad_norm = scale * clip  # type: ignore[attr-defined]
+        try:
+            sums, n, norms = capture.pop_clipped_sum()
+        finally:
+            capture.max_grad_norm = clip  # type: ignore[attr-defined]
+        return {k: v / scale for k, v in sums.items()}, n, norms / scale
 
     def _add_captured(self, sums: dict[str, torch.Tensor], n: int, norms: torch.Tensor) -> None:
         """Add a captured batch's clipped sums (hook for subclasses that use the norms)."""
@@ -667,38 +793,71 @@ class DPOptimizer:
         return self.accountant.epsilon(delta)
 
     # -- checkpointing --------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Wrapped optimizer + accountant + noise source + the mechanism's parameters."""
-        self._flush()
+    def _mechanism(self) -> dict[str, Any]:
         return {
-            "optimizer": self.original_optimizer.state_dict(),
-            "accountant": None if self.accountant is None else self.accountant.state_dict(),
-            "random_source": self.random_source.state_dict(),
-            "steps_taken": self.steps_taken,
-            "mechanism": {
-                "noise_multiplier": self.noise_multiplier,
-                "max_grad_norm": self.max_grad_norm,
-                "expected_batch_size": self.expected_batch_size,
-                "event": self.event.to_dict(),
-            },
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; refuses a checkpoint of a different mechanism, and
-        with an epoch sampler one taken mid-epoch (before anything is restored)."""
-        saved = state["mechanism"]
-        mine = {
             "noise_multiplier": self.noise_multiplier,
             "max_grad_norm": self.max_grad_norm,
             "expected_batch_size": self.expected_batch_size,
             "event": self.event.to_dict(),
         }
-        for key, value in mine.items():
-            if saved[key] != value:
-                raise fail(f"checkpoint {key}", saved[key], f"{value!r} (this optimizer's)")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole private state, between steps: the wrapped optimizer's state, the
+        accountant's history, the sampler's position and random state, the noise source's
+        state and the mechanism's parameters (checked on load).
+
+        Plain Python values and tensors only (``torch.load(..., weights_only=True)`` reads
+        it). **Noise keys are never written**: renyi's secure source has no state to save
+        (``{"kind": "secure"}``), and a run resumed from the checkpoint draws fresh noise
+        from the OS, which leaves the guarantee unchanged (each step's noise is independent
+        of the others') but is not bit-identical. A seeded source (``seed=``, insecure by
+        design) saves its generator state, so a seeded run resumes bit for bit.
+
+        Raises:
+            PrivacyParameterError: called in the middle of a logical batch (after a step
+                skipped by :meth:`signal_skip_step`, or after :meth:`accumulate` before its
+                :meth:`step`): the partial clipped sums are not part of a checkpoint.
+        """
+        if self._mid_batch or self._summed is not None:
+            raise fail(
+                "state_dict",
+                "called in the middle of a logical batch",
+                "a checkpoint taken between steps (after optimizer.step(), before the next "
+                "batch's gradients are accumulated)",
+            )
+        self._flush()
+        sampler_state = getattr(self.sampler, "state_dict", None)
+        return {
+            "optimizer": self.original_optimizer.state_dict(),
+            "accountant": None if self.accountant is None else self.accountant.state_dict(),
+            "random_source": self.random_source.state_dict(),
+            "sampler": None if sampler_state is None else sampler_state(),
+            "steps_taken": self.steps_taken,
+            "mechanism": self._mechanism(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # type: ignore[override]
+        """Restore :meth:`state_dict`: the run continues where the checkpoint was taken.
+
+        Everything is checked before anything is restored: the mechanism (σ, C, expected
+        batch size, charged event) must be this optimizer's, the accountant of the same
+        kind, the noise source of the same kind (secure or seeded), and with an epoch
+        sampler the checkpoint must be at an epoch boundary. The accountant is restored in
+        place (a ``PrivacyEngine`` sharing it sees the restored history); the sampler's
+        position and random state are restored and every private loader linked to this
+        optimizer continues after the checkpoint's last batch.
+        """
+        if not isinstance(state, Mapping) or not {"mechanism", "optimizer"} <= set(state):
+            raise fail(
+                "checkpoint", type(state).__name__, "a DPOptimizer.state_dict() (with 'mechanism')"
+            )
+        saved = state["mechanism"]
+        for key, value in self._mechanism().items():
+            if saved.get(key) != value:
+                raise fail(f"checkpoint {key}", saved.get(key), f"{value!r} (this optimizer's)")
+        taken = check_int("checkpoint steps_taken", state["steps_taken"], 0)
         per_epoch = getattr(self.sampler, "steps_per_epoch", None)
-        taken = state["steps_taken"]
-        if isinstance(per_epoch, int) and isinstance(taken, int) and taken % per_epoch:
+        if isinstance(per_epoch, int) and taken % per_epoch:
             # the epoch samplers cannot resume mid-epoch (its allocation is not saved); a
             # fresh allocation from there would run uncharged until the next boundary
             raise fail(
@@ -706,13 +865,42 @@ class DPOptimizer:
                 taken,
                 f"an epoch boundary (a multiple of the sampler's {per_epoch} steps per epoch)",
             )
-        accountant = self.accountant
-        if state["accountant"] is not None and accountant is not None:
-            accountant = type(accountant).from_state_dict(state["accountant"])
-        self.random_source.load_state_dict(state["random_source"])
-        self.original_optimizer.load_state_dict(state["optimizer"])
-        self.accountant = accountant
-        self.steps_taken = check_int("steps_taken", state["steps_taken"], 0)
+        restored = None
+        if self.accountant is not None:
+            if state.get("accountant") is None:
+                raise fail("checkpoint accountant", None, "the accountant's state")
+            restored = type(self.accountant).from_state_dict(state["accountant"])
+        source_state = state["random_source"]
+        mine = self.random_source.state_dict().get("kind")
+        if not isinstance(source_state, Mapping) or source_state.get("kind") != mine:
+            raise fail(
+                "checkpoint random_source",
+                source_state.get("kind") if isinstance(source_state, Mapping) else source_state,
+                f"{mine!r} (this optimizer's noise source)",
+            )
+        sampler_state = state.get("sampler")
+        if sampler_state is not None and not hasattr(self.sampler, "load_state_dict"):
+            raise fail("sampler", type(self.sampler).__name__, "a sampler with load_state_dict")
+        self.original_optimizer.load_state_dict(state["optimizer"])  # checks the groups first
+        self.random_source.load_state_dict(dict(source_state))
+        if sampler_state is not None:
+            self.sampler.load_state_dict(sampler_state)  # type: ignore[attr-defined]
+        if restored is not None:
+            _restore_in_place(self.accountant, restored)
+        self.steps_taken = taken
         self._pending_steps = 0
+        self._pending_event = None
         self._summed = None
         self._examples_seen = 0
+        self._mid_batch = False
+        self._skip_next = False
+        for batches in self._linked_batches:
+            batches.resync()
+
+
+def _restore_in_place(accountant: Any, restored: Any) -> None:
+    """Make ``accountant`` hold ``restored``'s history (a rebuilt accountant of the same
+    type), keeping its identity: whoever holds the object (a ``PrivacyEngine``, a second
+    optimizer) sees the restored state."""
+    accountant.__dict__.clear()
+    accountant.__dict__.update(restored.__dict__)

@@ -362,10 +362,17 @@ def dataset_of(data: Dataset[Any] | DataLoader[Any] | Sequence[Any]) -> Dataset[
 
 
 def link_loader(loader: Any, optimizer: Any) -> None:
-    """Make ``loader``'s :class:`PlannedBatchSampler` check one step per batch (see
-    :meth:`PlannedBatchSampler.link`); not for loaders with worker processes."""
+    """Tie ``loader``'s :class:`PlannedBatchSampler` to ``optimizer``: loading a checkpoint
+    into the optimizer moves the loader on to the checkpoint's position, and (for loaders
+    without worker processes, which draw batches ahead) the loader checks one step per batch
+    (see :meth:`PlannedBatchSampler.link`)."""
     batches = getattr(loader, "batch_sampler", None)
-    if isinstance(batches, PlannedBatchSampler) and not getattr(loader, "num_workers", 0):
+    if not isinstance(batches, PlannedBatchSampler):
+        return
+    linked = getattr(optimizer, "_linked_batches", None)
+    if isinstance(linked, list) and all(b is not batches for b in linked):
+        linked.append(batches)
+    if not getattr(loader, "num_workers", 0):
         batches.link(optimizer)
 
 
