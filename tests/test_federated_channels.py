@@ -124,3 +124,42 @@ def test_roster_and_identity_validation() -> None:
         EphemeralSession(IdentityKey("a"), r, SID)
     with pytest.raises(PrivacyParameterError, match="name"):
         IdentityKey("")
+
+
+def test_restoring_a_channel_twice_never_reuses_a_key_and_nonce(monkeypatch) -> None:
+    """Issue 22.6: a state restored twice used to encrypt two different plaintexts under the
+    same ChaCha20-Poly1305 key and counter (a two-time pad plus a forgeable Poly1305 key).
+    Every (key, nonce) pair the AEAD is asked to encrypt under is recorded here."""
+    from renyi.federated import channels
+    from renyi.federated.channels import SecureChannel
+
+    used: list[tuple[bytes, bytes, bytes]] = []
+    real = channels.ChaCha20Poly1305
+
+    class Recording:
+        def __init__(self, key: bytes) -> None:
+            self._aead, self._k = real(key), key
+
+        def encrypt(self, nonce: bytes, data: bytes, aad: bytes | None) -> bytes:
+            used.append((self._k, nonce, data))
+            return self._aead.encrypt(nonce, data, aad)
+
+        def decrypt(self, nonce: bytes, data: bytes, aad: bytes | None) -> bytes:
+            return self._aead.decrypt(nonce, data, aad)
+
+    monkeypatch.setattr(channels, "ChaCha20Poly1305", Recording)
+    ab, ba, _ = _pair()
+    m0 = ab.encrypt(b"first")
+    saved = ab.export_state()
+    one, two = SecureChannel.restore(saved), SecureChannel.restore(saved)
+    m1, m2 = one.encrypt(b"seed for edge 1"), two.encrypt(b"another seed!!!")
+    for _ in range(50):  # and many more restores of the same state
+        SecureChannel.restore(saved).encrypt(b"x")
+    pairs = [(k, n) for k, n, _ in used]
+    assert len(set(pairs)) == len(pairs)  # no (key, nonce) twice, whatever the plaintexts
+    assert len({n for _, n, _ in used[1:]}) == 1  # ... although the counter did repeat
+    # the receiver takes one message per counter: the first, then the copy is a replay
+    assert ba.decrypt(m0) == b"first"
+    assert ba.decrypt(m1) == b"seed for edge 1"
+    with pytest.raises(ChannelIntegrityError, match="counter"):
+        ba.decrypt(m2)

@@ -20,13 +20,17 @@ package (optional extra ``renyi[federated]``):
   keys, in a fixed order) as salt, under separate labels: one AEAD key per direction
   (``lo -> hi`` and ``hi -> lo``), one key for pairwise noise/seed derivation and one for key
   confirmation. The AEAD key is never an HKDF input and the noise key never encrypts.
-* **Channel.** :class:`SecureChannel` encrypts with ChaCha20-Poly1305 (RFC 8439). The nonce
-  is a per-direction message counter; since a key exists only for one direction of one pair
-  in one session with one fresh ephemeral key, and an :class:`EphemeralSession` hands out at
-  most one channel per peer, a nonce cannot repeat under a key across channel objects.
-  The associated data binds the transcript hash, sender and receiver; a tampered, replayed,
-  reordered or mis-addressed message raises :class:`ChannelIntegrityError` before anything
-  is derived from it. :meth:`SecureChannel.confirmation` / :meth:`~SecureChannel.confirm`
+* **Channel.** :class:`SecureChannel` encrypts with ChaCha20-Poly1305 (RFC 8439) under a
+  **fresh key per message**: ``HKDF(direction key, salt=16 random bytes, info=counter)``,
+  the salt travelling with the ciphertext. The per-direction counter orders messages
+  (replay and reordering are refused) but is not what keeps nonces unique: a channel state
+  saved with :meth:`SecureChannel.export_state` and restored twice (a party process that
+  restarts from the same stored state, a replayed round) encrypts its next message under
+  two independent random keys, so no (key, nonce) pair ever carries two plaintexts
+  (collision probability ``<= n² 2**-129`` for ``n`` messages). The associated data binds
+  the transcript hash, sender and receiver; a tampered, replayed, reordered or mis-addressed
+  message raises :class:`ChannelIntegrityError` before anything is derived from it.
+  :meth:`SecureChannel.confirmation` / :meth:`~SecureChannel.confirm`
   give explicit key confirmation (HMAC-SHA256 under the confirmation key, per direction).
 * **Keyed noise.** :class:`ChaCha20Source` is a :class:`renyi.random.RandomSource` whose
   64-bit words are the ChaCha20 keystream under a 256-bit key (a CSPRNG): two holders of
@@ -42,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -78,7 +83,8 @@ __all__ = [
 _KEY_BYTES = 32
 _SIG_BYTES = 64
 _TAG_BYTES = 32
-_LABEL = b"renyi-gopa-v2"
+_SALT_BYTES = 16
+_LABEL = b"renyi-gopa-v3"
 _RAW = (serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
@@ -95,6 +101,10 @@ def derive_key(secret: bytes, *, salt: bytes, info: bytes, length: int = _KEY_BY
     if not isinstance(secret, bytes) or len(secret) < 16:
         raise fail("secret", type(secret).__name__, "at least 16 bytes of key material")
     return HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=info).derive(secret)
+
+
+def _u64(n: int) -> bytes:
+    return struct.pack(">Q", n)
 
 
 def _frame(*parts: bytes) -> bytes:
@@ -457,8 +467,9 @@ class EphemeralSession:
 class SecureChannel:
     """ChaCha20-Poly1305 channel of one pair in one session (made by :class:`EphemeralSession`).
 
-    Each direction has its own key and a 96-bit message counter as nonce; the associated
-    data binds the transcript, sender and receiver.
+    Each direction has its own key; every message is encrypted under a fresh key derived
+    from it and a random salt (sent along), with the message counter as nonce; the
+    associated data binds the transcript, sender and receiver.
     """
 
     def __init__(
@@ -483,8 +494,6 @@ class SecureChannel:
         if send_key == receive_key:
             raise fail("receive_key", "equal to send_key", "a key distinct per direction")
         self.me, self.peer, self.transcript = me, peer, transcript
-        self._send = ChaCha20Poly1305(send_key)
-        self._receive = ChaCha20Poly1305(receive_key)
         self._send_key = send_key
         self._receive_key = receive_key
         self._noise_key = noise_key
@@ -518,18 +527,30 @@ class SecureChannel:
                 " same keys (substituted key or wrong session)"
             )
 
+    @staticmethod
+    def _message_key(direction_key: bytes, salt: bytes, counter: int) -> bytes:
+        return derive_key(direction_key, salt=salt, info=_LABEL + b"|message" + _u64(counter))
+
     def encrypt(self, plaintext: bytes) -> bytes:
-        """Encrypt and authenticate ``plaintext``; returns ``counter || ciphertext``."""
+        """Encrypt and authenticate ``plaintext``; returns ``counter || salt || ciphertext``.
+
+        The AEAD key is fresh for every call (random 128-bit salt), so even a channel
+        restored twice from the same saved state never reuses a (key, nonce) pair.
+        """
         counter = self._sent
         self._sent += 1
+        salt = os.urandom(_SALT_BYTES)
+        key = self._message_key(self._send_key, salt, counter)
         nonce = struct.pack(">IQ", 0, counter)
-        return struct.pack(">Q", counter) + self._send.encrypt(
-            nonce, plaintext, self._aad(self.me, self.peer)
+        return (
+            _u64(counter)
+            + salt
+            + ChaCha20Poly1305(key).encrypt(nonce, plaintext, self._aad(self.me, self.peer))
         )
 
     def decrypt(self, message: bytes) -> bytes:
         """Verify and decrypt the peer's next message; raise on tampering or replay."""
-        if not isinstance(message, bytes) or len(message) < 8 + 16:
+        if not isinstance(message, bytes) or len(message) < 8 + _SALT_BYTES + 16:
             raise ChannelIntegrityError(f"message from {self.peer!r} is too short")
         (counter,) = struct.unpack(">Q", message[:8])
         if counter != self._received:
@@ -537,9 +558,13 @@ class SecureChannel:
                 f"message from {self.peer!r} has counter {counter}, expected {self._received}"
                 " (replayed, reordered or dropped)"
             )
+        salt = message[8 : 8 + _SALT_BYTES]
+        key = self._message_key(self._receive_key, salt, counter)
         nonce = struct.pack(">IQ", 0, counter)
         try:
-            out = self._receive.decrypt(nonce, message[8:], self._aad(self.peer, self.me))
+            out = ChaCha20Poly1305(key).decrypt(
+                nonce, message[8 + _SALT_BYTES :], self._aad(self.peer, self.me)
+            )
         except InvalidTag:
             raise ChannelIntegrityError(
                 f"message from {self.peer!r} to {self.me!r} failed authentication"
@@ -550,7 +575,9 @@ class SecureChannel:
 
     def export_state(self) -> bytes:
         """Keys and counters (secret), so that a restarted party continues the channel
-        where it stopped: counters carry on, nonces never repeat."""
+        where it stopped. Restoring the same state twice is safe: each message draws a fresh
+        random key (the counters repeat, the keys do not); the peer accepts only one message
+        per counter."""
         return _frame(
             self.me.encode(),
             self.peer.encode(),

@@ -15,16 +15,37 @@ five kinds of messages, in this order, whatever the transport (in-process lists 
    initiates; the server routes the ciphertexts;
 3. **mask** - with the list of parties still present, each party checks key confirmation,
    derives its pairwise terms ``+-Y_e`` from ``HKDF(noise key, seed, edge id)`` ->
-   ChaCha20 -> normal, and sends ``X_u + eta_u + sum_e +-Y_e`` in fixed point
-   (``2**-FRACTION_BITS``) modulo ``2**64``;
+   ChaCha20 -> normal, and sends the lattice index of ``X_u + eta_u + sum_e +-Y_e``
+   (see *one lattice* below) as a two's-complement integer modulo ``2**64``;
 4. **reveal** (only after a dropout) - survivors reveal their terms with parties that
-   paired but sent no acceptable masked message;
+   paired but sent no acceptable masked message (fixed point ``2**-FRACTION_BITS``);
 5. **result** - the server subtracts the revealed terms and releases the mean.
 
-Arithmetic is modulo ``2**64`` (two's complement): the pairwise terms cancel exactly
-however large ``sigma_delta`` is, and the only range condition is on the released sum
-``sum_u (X_u + eta_u)`` (checked once, from the public parameters, by
-:class:`GopaSession`).
+**One lattice** (issue 22.2). Every message is an integer ``K_u`` on the session's lattice
+``g = GopaSession.lattice`` (``renyi.noise.lattice_step(sigma_eta)``: a power of two with
+``sigma_eta / g`` in ``[8, 16)``): ``g K_u = renyi.noise.snap(X_u, N_u / sigma_eta,
+sigma_eta)`` with ``N_u = eta_u + sum_e +-Y_e`` the party's whole noise (continuous
+normals). The server sums integers modulo ``2**64``, subtracts the revealed terms rounded
+to the same lattice, and releases ``g S / n`` with ``S`` an integer. So the release is a
+deterministic function of the messages, and each message a deterministic function of the
+real number ``X_u + N_u``: the released value is a **post-processing of the continuous
+GOPA view**, and :func:`renyi.federated.gopa.gopa_mu` is its exact guarantee (no
+sensitivity inflation from rounding; the implementation slack of ``renyi.noise.snap``
+applies per message). Nothing of the inputs survives below the lattice: the residue of
+``K * estimate`` modulo ``g`` is that of ``g S``, whatever the values (the old arithmetic,
+values in fixed point ``2**-32`` and ``eta`` on ``g Z``, released ``sum X mod g`` exactly).
+The price: pairwise terms cancel only up to each message's rounding, an error of at most
+``g / 2`` per message in the sum (roughly uniform and centred; about ``g / sqrt(12 n)`` on
+the mean, at most 3.6 % of the noise's standard deviation ``sigma_eta / sqrt(n)``).
+Without independent noise (``sigma_eta = 0``, no privacy, tests) the lattice is
+``2**-FRACTION_BITS``.
+
+**State.** A party draws its independent noise and the seeds of the edges it initiates
+when it joins and keeps them in its exported state, so a state restored twice answers the
+same round with the same bytes (no fresh ``eta`` over the same pairwise terms, no second
+seed for an edge); channels draw a fresh AEAD key per message
+(:class:`~renyi.federated.channels.SecureChannel`), so a restored channel never repeats a
+(key, nonce) pair.
 
 **Bounded trust in the server.** A party drops an edge when the server says the neighbour
 is gone, either before masking (the edge is left out) or after (its term is revealed).
@@ -61,9 +82,9 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import special
 
+from renyi import noise
 from renyi._validation import check_int, check_nonnegative, check_range, fail
 from renyi.errors import RenyiError
-from renyi.federated.aggregation import gaussian_noise
 from renyi.federated.channels import (
     ChaCha20Source,
     ChannelIntegrityError,
@@ -84,6 +105,7 @@ __all__ = [
     "GopaSession",
     "ProtocolAbortedError",
     "fixed_mean",
+    "lattice_mean",
     "to_fixed",
 ]
 
@@ -92,7 +114,8 @@ FRACTION_BITS = 32
 
 _SCALE = float(2**FRACTION_BITS)
 _TERM_LIMIT = 2.0**63  # one fixed-point term must be a valid int64 before reduction
-_SUM_LIMIT = 2.0**62  # |sum of X + eta| in fixed point: released sum must stay signed
+_SUM_LIMIT = 2.0**62  # |sum of X + eta| in lattice units: released sum must stay signed
+_INDEX_LIMIT = 2.0**52  # |message| in lattice units: exact in float64 (renyi.noise.snap)
 _TAIL = 40.0  # |N(0, 1)| > 40 has probability < 1e-348: a term never exceeds 40 sigma
 _SEED = 32
 _CONFIRM = 32
@@ -117,6 +140,11 @@ def to_fixed(x: ArrayLike, name: str = "value") -> NDArray[np.uint64]:
 def fixed_mean(total: NDArray[np.uint64], count: int) -> NDArray[np.float64]:
     """The signed value of a modular fixed-point sum, divided by ``count``."""
     return np.asarray(total, dtype=np.uint64).view(np.int64).astype(np.float64) / _SCALE / count
+
+
+def lattice_mean(total: NDArray[np.uint64], count: int, step: float) -> NDArray[np.float64]:
+    """``step * S / count`` with ``S`` the signed value of a modular lattice sum."""
+    return np.asarray(total, dtype=np.uint64).view(np.int64).astype(np.float64) * step / count
 
 
 def _check_session_id(session: object) -> bytes:
@@ -173,15 +201,30 @@ class GopaSession:
                 f"< {_TERM_LIMIT / _SCALE / _TAIL:.4g} (one pairwise term in"
                 f" fixed point 2**-{FRACTION_BITS} must fit in 64 bits)",
             )
-        # the released sum of X + eta must stay a signed 64-bit value (40 sigma tails)
-        if k * (1.0 + _TAIL * se) * _SCALE >= _SUM_LIMIT:
+        g = self.lattice
+        degree = int(np.bincount(e.ravel(), minlength=k).max())
+        if (1.0 + _TAIL * math.sqrt(se * se + degree * sd * sd)) / g >= _INDEX_LIMIT:
             raise fail(
-                "sigma_eta", se, f"K (1 + 40 sigma_eta) < 2**{62 - FRACTION_BITS} with K = {k}"
+                "sigma_delta",
+                sd,
+                f"(1 + 40 sqrt(sigma_eta² + degree sigma_delta²)) / g < 2**52 (a message's"
+                f" lattice index must be exact in float64; g = {g:g}, degree {degree})",
             )
+        # the released sum of X + eta must stay a signed 64-bit value (40 sigma tails)
+        if k * (1.0 + _TAIL * se) / g >= _SUM_LIMIT:
+            raise fail("sigma_eta", se, f"K (1 + 40 sigma_eta) / g < 2**62 with K = {k}")
 
     @property
     def parties(self) -> int:
         return len(self.names)
+
+    @property
+    def lattice(self) -> float:
+        """The step ``g`` of the session's integer lattice: ``lattice_step(sigma_eta)``
+        (``2**-FRACTION_BITS`` without independent noise). Messages are integers times ``g``."""
+        if self.sigma_eta == 0.0:
+            return 1.0 / _SCALE
+        return noise.lattice_step(self.sigma_eta)
 
     def index(self, name: str) -> int:
         try:
@@ -204,7 +247,7 @@ class GopaSession:
         p = self.rejection_probability / self.dimension
         z = float(special.ndtri(1.0 - p / 2.0))  # P(|N(0,1)| > z) = p
         lo, hi = (-0.5, 0.5) if self.vector else (0.0, 1.0)
-        slack = z * std + 2.0 / _SCALE * (active_degree + 2)  # + rounding of each term
+        slack = z * std + self.lattice  # + the message's rounding to the lattice
         return lo - slack, hi + slack
 
     def lying_server_mu(self) -> float:
@@ -220,10 +263,14 @@ class GopaSession:
         return math.inf if self.sigma_eta == 0 else 1.0 / self.sigma_eta
 
 
-def _edge_term(noise_key: bytes, seed: bytes, eid: int, sigma: float, d: int) -> NDArray[np.uint64]:
-    """``round(sigma z 2**32)`` with ``z`` the normals keyed by the channel's noise key."""
+def _edge_term(
+    noise_key: bytes, seed: bytes, eid: int, sigma: float, d: int
+) -> NDArray[np.float64]:
+    """``sigma z`` with ``z`` the raw normals keyed by the channel's noise key and the seed
+    (never released on their own: they enter a message through ``renyi.noise.snap``)."""
     key = derive_key(noise_key, salt=seed, info=b"renyi-gopa-edge|" + struct.pack(">Q", eid))
-    return to_fixed(sigma * ChaCha20Source(key).normal(d), "pairwise term")
+    z = noise.standard_normal(d, rng=ChaCha20Source(key))
+    return np.asarray(sigma * z, dtype=np.float64)
 
 
 def _check_value(
@@ -286,7 +333,8 @@ class GopaParty:
         self._eph: EphemeralSession | None = None
         self._channels: dict[str, SecureChannel] = {}
         self._seeds: dict[int, bytes] = {}  # edge id -> seed (edges this party initiated)
-        self._terms: dict[int, NDArray[np.uint64]] = {}  # edge id -> signed term it added
+        self._terms: dict[int, NDArray[np.float64]] = {}  # edge id -> signed term it added
+        self._z_eta: NDArray[np.float64] | None = None  # standard normals of eta (from join)
         self._removed: set[int] = set()  # peers whose edges were left out or revealed
         self._masked = False
         self._paired = False
@@ -315,7 +363,8 @@ class GopaParty:
                 "eph": eph,
                 "channels": {n: c.export_state().hex() for n, c in self._channels.items()},
                 "seeds": {str(e): v.hex() for e, v in self._seeds.items()},
-                "terms": {str(e): t.tobytes().hex() for e, t in self._terms.items()},
+                "terms": {str(e): t.astype("<f8").tobytes().hex() for e, t in self._terms.items()},
+                "z_eta": None if self._z_eta is None else self._z_eta.astype("<f8").tobytes().hex(),
                 "removed": sorted(self._removed),
                 "paired": self._paired,
                 "masked": self._masked,
@@ -342,9 +391,13 @@ class GopaParty:
             }
             self._seeds = {int(e): bytes.fromhex(v) for e, v in st["seeds"].items()}
             self._terms = {
-                int(e): np.frombuffer(bytes.fromhex(t), dtype=np.uint64).copy()
+                int(e): np.frombuffer(bytes.fromhex(t), dtype="<f8").astype(np.float64)
                 for e, t in st["terms"].items()
             }
+            z = st["z_eta"]
+            self._z_eta = (
+                None if z is None else np.frombuffer(bytes.fromhex(z), "<f8").astype(np.float64)
+            )
             self._removed = {int(r) for r in st["removed"]}
             self._paired = bool(st["paired"])
             self._masked = bool(st["masked"])
@@ -371,6 +424,15 @@ class GopaParty:
                 raise ProtocolAbortedError(f"neighbour {session.names[v]!r} is not in the roster")
         self._session = session
         self._eph = EphemeralSession(self.identity, self.roster, session.session)
+        # all of this session's randomness is drawn now and kept in the state, so that a
+        # state restored twice gives the same answers (never a second eta or seed)
+        self._z_eta = np.asarray(
+            noise.standard_normal(session.dimension, rng=self._rng), dtype=np.float64
+        )
+        src = get_source(self._seed_rng)
+        for v in session.neighbours(u):
+            for eid in self._initiated(u, v):
+                self._seeds[eid] = bytes(src.words(_SEED // 8).view(np.uint8))
         return self._eph.advertisement()
 
     def _require(self) -> tuple[GopaSession, int]:
@@ -389,7 +451,6 @@ class GopaParty:
         s, u = self._require()
         if self._paired or self._eph is None:
             raise ProtocolAbortedError(f"{self.name!r} already paired in this session")
-        src = get_source(self._seed_rng)
         out: dict[str, bytes] = {}
         for v in s.neighbours(u):
             peer = s.names[v]
@@ -404,9 +465,7 @@ class GopaParty:
             self._channels[peer] = ch
             body = [ch.confirmation()]
             for eid in self._initiated(u, v):
-                seed = bytes(src.words(_SEED // 8).view(np.uint8))
-                self._seeds[eid] = seed
-                body.append(struct.pack(">Q", eid) + seed)
+                body.append(struct.pack(">Q", eid) + self._seeds[eid])
             out[peer] = ch.encrypt(b"".join(body))
         self._eph = None  # the ephemeral private key is no longer needed: forward secrecy
         self._paired = True
@@ -436,7 +495,7 @@ class GopaParty:
         absent = [s.names[v] for v in s.neighbours(u) if s.names[v] not in present]
         self._spend(absent)
         d = s.dimension
-        total = to_fixed(self._value)
+        terms: dict[int, NDArray[np.float64]] = {}
         for v in s.neighbours(u):
             peer = s.names[v]
             if peer not in present:
@@ -463,18 +522,26 @@ class GopaParty:
                 (got,) = struct.unpack(">Q", chunk[:8])
                 if got != eid:
                     raise ChannelIntegrityError(f"seed from {peer!r} labelled {got}, not {eid}")
-                term = _edge_term(ch.noise_key, chunk[8:], eid, s.sigma_delta, d)
-                self._terms[eid] = (np.uint64(0) - term).astype(np.uint64)
+                terms[eid] = -_edge_term(ch.noise_key, chunk[8:], eid, s.sigma_delta, d)
             for eid in self._initiated(u, v):
-                term = _edge_term(ch.noise_key, self._seeds[eid], eid, s.sigma_delta, d)
-                self._terms[eid] = term
-        for term in self._terms.values():
-            total = total + term  # uint64 arithmetic wraps modulo 2**64
-        self.eta = gaussian_noise(s.sigma_eta, d, self._rng)
-        total = total + to_fixed(self.eta, "eta")
+                terms[eid] = _edge_term(ch.noise_key, self._seeds[eid], eid, s.sigma_delta, d)
+        if self._z_eta is None or self._z_eta.shape != (d,):
+            raise ProtocolAbortedError(f"{self.name!r} holds no noise for this session")
+        self._terms = terms
+        pairwise = np.zeros(d)
+        for eid in sorted(terms):  # a fixed order: the same state gives the same bytes
+            pairwise += terms[eid]
+        self.eta = s.sigma_eta * self._z_eta
+        g = s.lattice
+        if s.sigma_eta > 0.0:
+            # one release of X + eta + pairwise on the lattice g Z (renyi.noise.snap)
+            out = noise.snap(self._value, self._z_eta + pairwise / s.sigma_eta, s.sigma_eta)
+            index = np.asarray(out, dtype=np.float64) / g
+        else:  # no independent noise (no privacy): the value plus the pairwise terms
+            index = np.rint((self._value + pairwise) / g)
         self._masked = True
         self._seeds.clear()
-        return total
+        return index.astype(np.int64).view(np.uint64)
 
     def active_degree(self) -> int:
         """Number of pairwise terms in the masked message (known to the server too)."""
@@ -493,7 +560,8 @@ class GopaParty:
 
     # -- phase 4
     def reveal(self, dropped: Collection[str]) -> dict[int, NDArray[np.uint64]]:
-        """This party's terms on its edges to ``dropped`` parties, within the reveal budget."""
+        """This party's terms on its edges to ``dropped`` parties, within the reveal budget
+        (fixed point ``2**-FRACTION_BITS``, modulo ``2**64``)."""
         s, u = self._require()
         if not self._masked:
             raise ProtocolAbortedError(f"{self.name!r} is asked to reveal before masking")
@@ -506,7 +574,7 @@ class GopaParty:
         for eid in self._terms:
             a, b = s.edges[eid].tolist()
             if (a if b == u else b) in drop:
-                out[eid] = self._terms[eid]
+                out[eid] = to_fixed(self._terms[eid], "pairwise term")
         return out
 
 
@@ -521,6 +589,9 @@ class GopaResult:
     rejected: tuple[int, ...]
     edges: NDArray[np.int64] = field(repr=False)
     false_rejection_bound: float = 0.0
+    total: NDArray[np.int64] | None = field(default=None, repr=False)
+    """The released integer sum ``S`` (lattice units): ``estimate = lattice * S / n``."""
+    lattice: float = 0.0
 
 
 class GopaAggregator:
@@ -556,7 +627,7 @@ class GopaAggregator:
         if arr is None or arr.dtype != np.uint64 or arr.shape != (s.dimension,):
             return f"not {s.dimension} unsigned 64-bit integers"
         lo, hi = s.acceptance_bound(u, self.active_degree(u, present))
-        val = arr.view(np.int64).astype(np.float64) / _SCALE
+        val = arr.view(np.int64).astype(np.float64) * s.lattice
         if not ((val >= lo) & (val <= hi)).all():
             return (
                 f"outside [{lo:.6g}, {hi:.6g}], the range the noise scales allow (false"
@@ -618,9 +689,11 @@ class GopaAggregator:
         total = np.zeros(s.dimension, dtype=np.uint64)
         for u in alive:
             total = total + ok[u]
-        total = total - correction
+        # the revealed terms (public now) rounded to the lattice: post-processing
+        shift = np.rint(correction.view(np.int64).astype(np.float64) / _SCALE / s.lattice)
+        total = total - shift.astype(np.int64).view(np.uint64)
         self._released = True
-        mean = fixed_mean(total, len(alive))
+        mean = lattice_mean(total, len(alive), s.lattice)
         return GopaResult(
             estimate=float(mean[0]) if not s.vector else mean,
             included=tuple(alive),
@@ -629,4 +702,6 @@ class GopaAggregator:
             rejected=tuple(rejected),
             edges=np.asarray(s.edges),
             false_rejection_bound=min(1.0, len(present_set) * s.rejection_probability),
+            total=total.view(np.int64).copy(),
+            lattice=s.lattice,
         )
