@@ -658,7 +658,7 @@ class GopaProtocol:
 
     >>> proto = GopaProtocol([0.1, 0.5, 0.9, 0.3], sigma_eta=0.0, sigma_delta=5.0, peers=2)
     >>> res = proto.run()  # no independent noise: the mean, on the lattice 2**-32
-    >>> abs(res.estimate - 0.45) <= 2**-33, res.estimate == res.lattice * res.total[0] / 4
+    >>> abs(res.estimate - 0.45) <= 2**-33, bool(res.estimate == res.lattice * res.total[0] / 4)
     (True, True)
     """
 
