@@ -5,6 +5,9 @@
   X25519, HKDF key schedule, ChaCha20-Poly1305) and keyed noise;
 * :mod:`renyi.federated.gopa_party`: GOPA's per-party API (a party holds only its own value
   and key) and the server's checks;
+* :mod:`renyi.federated.secagg`: GOPA against a malicious server (party-pinned policy,
+  joint randomness, double masking, consistency round); :mod:`~.secagg_accounting` its
+  worst-set epsilon;
 * :mod:`renyi.federated.gopa`: the GOPA protocol (Sabater, Bellet & Ramon 2022) run in one
   process, and its exact Gaussian accounting for a given graph, honest set or coalition;
 * :mod:`renyi.federated.gopa_flower`: GOPA parties as Flower SuperNodes (optional ``flwr``);

@@ -1,5 +1,11 @@
 """GOPA as separate parties: what one party holds and sends, and what the server may check.
 
+This is the protocol with a reveal budget (an honest-but-curious server). Against a
+malicious server use :mod:`renyi.federated.secagg`: the same GOPA messages on the same
+lattice, with party-pinned policies, commit-reveal randomness, double masking and a
+consistency round, behind a transport-neutral message API (``SecAggParty.handle(message)
+-> reply``, six rounds listed in that module's docstring).
+
 A :class:`GopaParty` holds only its own value, its long-term identity key and the pinned
 roster; a :class:`GopaAggregator` (the server) holds only what parties send it. They exchange
 five kinds of messages, in this order, whatever the transport (in-process lists in

@@ -132,7 +132,8 @@ def _frame(*parts: bytes) -> bytes:
 def _unframe(raw: object, count: int, what: str) -> list[bytes]:
     if not isinstance(raw, bytes):
         raise ChannelIntegrityError(f"malformed {what}")
-    parts, pos = [], 0
+    parts: list[bytes] = []
+    pos = 0
     try:
         while pos < len(raw) and len(parts) < count:
             (n,) = struct.unpack(">I", raw[pos : pos + 4])
@@ -380,7 +381,9 @@ def pairwise_term(
     except ValueError:
         raise ChannelIntegrityError("an invalid mask key") from None
     lo, hi = sorted((a, b))
-    key = derive_key(secret, salt=context, info=_LABEL + b"|edge|" + _frame(lo.encode(), hi.encode()))
+    key = derive_key(
+        secret, salt=context, info=_LABEL + b"|edge|" + _frame(lo.encode(), hi.encode())
+    )
     return np.asarray(sigma * noise.standard_normal(d, rng=ChaCha20Source(key)), dtype=np.float64)
 
 
@@ -393,16 +396,16 @@ def _split(secret: bytes, t: int, n: int) -> list[bytes]:
     """32-byte ``secret`` -> ``n`` shares of 32 bytes (two 16-byte Shamir halves)."""
     from Crypto.Protocol.SecretSharing import Shamir
 
-    lo = Shamir.split(t, n, secret[:16])
-    hi = Shamir.split(t, n, secret[16:])
+    lo = Shamir.split(t, n, secret[:16], False)
+    hi = Shamir.split(t, n, secret[16:], False)
     return [lo[i][1] + hi[i][1] for i in range(n)]
 
 
 def _combine(shares: Sequence[tuple[int, bytes]]) -> bytes:
     from Crypto.Protocol.SecretSharing import Shamir
 
-    lo = Shamir.combine([(i, s[:16]) for i, s in shares])
-    hi = Shamir.combine([(i, s[16:]) for i, s in shares])
+    lo = Shamir.combine([(i, s[:16]) for i, s in shares], False)
+    hi = Shamir.combine([(i, s[16:]) for i, s in shares], False)
     return bytes(lo) + bytes(hi)
 
 
@@ -680,7 +683,9 @@ class SecAggParty:
         u3 = self._st["u3"]
         payload = _h(b"survivors", p.digest(), _names_digest(u3))
         signers = set()
-        for name, sig in zip([str(n) for n in msg["signers"]], list(msg["signatures"]), strict=True):
+        for name, sig in zip(
+            [str(n) for n in msg["signers"]], list(msg["signatures"]), strict=True
+        ):
             if name in u3 and _verify(self.roster, name, bytes(sig), payload):
                 signers.add(name)
         assert self._guarantee is not None
@@ -724,7 +729,9 @@ class SecAggParty:
             if self._proposal is not None:
                 self._guarantee = self.policy.check(self._proposal, self.name, self.roster)
         except (ValueError, KeyError, TypeError) as exc:
-            raise ProtocolAbortedError(f"stored state of {self.name!r} is unreadable: {exc}") from None
+            raise ProtocolAbortedError(
+                f"stored state of {self.name!r} is unreadable: {exc}"
+            ) from None
 
 
 # --------------------------------------------------------------------------- server
@@ -832,7 +839,9 @@ class SecAggServer:
         s_sh: dict[str, list[tuple[int, bytes]]] = {}
         for w, r in replies.items():
             for kind, store in (("b", b_sh), ("s", s_sh)):
-                for v, share in zip(list(r.get(f"{kind}_of", [])), list(r.get(kind, [])), strict=True):
+                for v, share in zip(
+                    list(r.get(f"{kind}_of", [])), list(r.get(kind, [])), strict=True
+                ):
                     nb = self.neighbours.get(str(v), [])
                     if w in nb:
                         store.setdefault(str(v), []).append((nb.index(w) + 1, bytes(share)))
@@ -846,8 +855,8 @@ class SecAggServer:
             val = k_u.view(np.int64).astype(np.float64) * g
             if not ((val >= lo) & (val <= hi)).all():
                 raise ProtocolAbortedError(
-                    f"{u!r}'s value is outside [{lo:.6g}, {hi:.6g}], the range its noise allows;"
-                    " nothing is released"
+                    f"party {u!r}: its value is outside [{lo:.6g}, {hi:.6g}], the range its"
+                    " noise allows; nothing is released"
                 )
             total = total + k_u
         correction = np.zeros(d)
@@ -857,9 +866,7 @@ class SecAggServer:
             sk = _combine(s_sh[v][:t])
             for w in self.neighbours[v]:
                 if w in self.u3:
-                    y = pairwise_term(
-                        sk, self.adverts[w][1], self._context, v, w, p.sigma_delta, d
-                    )
+                    y = pairwise_term(sk, self.adverts[w][1], self._context, v, w, p.sigma_delta, d)
                     correction += y if p.names.index(w) < p.names.index(v) else -y
         total = total - np.rint(correction / g).astype(np.int64).view(np.uint64)
         self._released = True

@@ -153,4 +153,3 @@ def exhaustive_worst_mu(
                         continue  # its self-mask cannot be rebuilt: its message stays hidden
                     best = max(best, _mu2(adj, honest, u, se * se, sd * sd))
     return math.sqrt(best)
-
