@@ -254,3 +254,28 @@ def test_ddg_secure_aggregation_across_processes(swap: bool) -> None:
     np.testing.assert_array_equal(avg, encoded.sum(axis=0) * 1e-3 / n)
     for i, ident in enumerate(ids):  # no single message reveals its participant's encoding
         assert not np.array_equal(masked[ident.name], twins[i].encoded.view(np.uint64))
+
+
+@pytest.mark.parametrize("n", [2, 3, 10])
+def test_ddg_release_carries_no_residue_of_the_inputs(n: int) -> None:
+    """Issue 22.2's audit for the distributed discrete Gaussian: the update is rounded to
+    the integers (randomized rounding, accounted in ddg_sensitivities) before the integer
+    noise and the masks, so ``n * release / gamma`` is an integer for inputs 0 and 0.01
+    alike (a residue of 0.01 / gamma would tell them apart, as it did for GOPA)."""
+    gamma = 1e-3
+    for first in (0.0, 0.01 + 1e-7):
+        ids = [IdentityKey(f"c{i}") for i in range(n)]
+        roster = Roster.of(ids)
+        ups = np.zeros((n, 3))
+        ups[0, 0] = first
+        clients = [
+            DdgClient(ids[i], roster, ups[i], clip_norm=1.0, gamma=gamma, local_sigma=5.0)
+            for i in range(n)
+        ]
+        directory = {c.name: c.join(bytes(16)).to_bytes() for c in clients}
+        masked = {c.name: c.masked(directory) for c in clients}
+        server = DdgServer(
+            [c.name for c in clients], clip_norm=1.0, gamma=gamma, local_sigma=5.0, dimension=3
+        )
+        index = server.aggregate(masked) * n / gamma
+        assert np.all(np.abs(index - np.rint(index)) < 1e-6)

@@ -35,8 +35,15 @@ Secure aggregation here is pairwise masking over the authenticated channels of
 derived from its channel's noise key; one adds it, the other subtracts it). Any single
 masked vector is uniformly distributed modulo ``2**64`` given the others' keys are unknown,
 so the server sees only the sum. A participant that drops out after sending would leave
-its masks in the sum: :meth:`DdgServer.aggregate` refuses (no dropout recovery here; for
-that use Flower's SecAgg+ workflow, see ``docs/flower.md``).
+its masks in the sum: :meth:`DdgServer.aggregate` refuses (no dropout recovery here).
+Dropout recovery needs double masking with secret-shared self-masks, as in
+:mod:`renyi.federated.secagg`; Flower's SecAgg+ workflow cannot carry client-side noise
+under ``DpFedAvgStrategy`` (it lacks the legacy hooks SecAgg+ needs).
+
+Lattice (issue 22.2): the update is rounded to the integers before the integer noise and
+the masks are added, and the release is ``gamma * (integer sum) / n``: no residue of the
+inputs survives below ``gamma`` (``test_ddg_release_carries_no_residue_of_the_inputs``);
+the rounding's effect on sensitivity is in :func:`ddg_sensitivities`.
 """
 
 from __future__ import annotations
