@@ -20,7 +20,7 @@ $(VENV)/.demo: $(VENV)/.base pyproject.toml
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.demo pyproject.toml
-	$(PIP) install -e '.[dev,torch,plot,cli,federated,flower]'
+	$(PIP) install -e '.[dev,torch,plot,cli,federated,flower,hf]'
 	touch $@
 
 demo: $(VENV)/.demo

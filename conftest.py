@@ -1,7 +1,8 @@
 """Repository-level pytest configuration.
 
 * No traffic off this machine: Flower's telemetry and Ray's usage statistics are switched off
-  here, before any test can import them (``renyi.federated.flower`` and the CLI do the same).
+  here, before any test can import them (``renyi.federated.flower`` and the CLI do the same),
+  and Hugging Face's hub is offline (models come from configs, tokenisers are trained here).
 * `make test` collects the docstring examples of src/renyi and the ```>>>``` examples of
   docs/*.md; modules whose optional dependency is absent are left out instead of failing.
 * ``postgres_url``: a real PostgreSQL server for the ledger tests, started by the test
@@ -22,12 +23,15 @@ import pytest
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # Hugging Face: models from configs, no download
 
 collect_ignore = []
 if importlib.util.find_spec("flwr") is None:
     collect_ignore.append("src/renyi/federated/flower.py")
 if importlib.util.find_spec("torch") is None:
     collect_ignore.append("src/renyi/dpsgd")
+elif importlib.util.find_spec("transformers") is None:
+    collect_ignore.append("src/renyi/dpsgd/hf.py")
 
 
 def _postgres_bindir():

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -66,10 +66,12 @@ __all__ = [
     "PlanCompleteWarning",
     "PlannedBatchSampler",
     "PrivateTraining",
+    "TrainingPlan",
     "calibrate_sampler_noise",
     "dataset_of",
     "make_private",
     "normalise_sampling",
+    "plan_training",
     "private_data_loader",
 ]
 
@@ -160,7 +162,7 @@ def _empty_like(value: Any) -> Any:
         return type(value)(*(_empty_like(v) for v in value))
     if isinstance(value, tuple | list):
         return type(value)(_empty_like(v) for v in value)
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):  # dicts, and mappings such as transformers' BatchEncoding
         return {k: _empty_like(v) for k, v in value.items()}
     return value
 
@@ -492,6 +494,136 @@ def _epoch_plan(
     return steps, (n / t if sampling == "random-allocation" else batch_size) / n, note
 
 
+@dataclass(frozen=True)
+class TrainingPlan:
+    """What a private training run is fixed to before it starts (see :func:`plan_training`).
+
+    Attributes:
+        sampler: the batch sampler (its ``steps`` is the plan's length).
+        noise_multiplier: σ, calibrated to ``target`` or given.
+        sample_rate: q.
+        steps: T, the optimizer steps the guarantee covers.
+        steps_note: how epochs became steps (the rounding, stated).
+        calibration: the calibration's result (None when σ was given).
+        target: ``(ε, δ)`` σ was calibrated for, or None.
+    """
+
+    sampler: AnySampler
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+    steps_note: str
+    calibration: CalibrationResult | None
+    target: tuple[float, float] | None
+
+
+def plan_training(
+    n: int,
+    batch_size: int,
+    *,
+    delta: float,
+    target_epsilon: float | None = None,
+    noise_multiplier: float | None = None,
+    epochs: float | None = None,
+    steps: int | None = None,
+    accountant: str = "pld",
+    sampling: str = "poisson",
+    seed: int | None = None,
+) -> TrainingPlan:
+    """The sampler, σ and number of steps of a private run over ``n`` examples with expected
+    batch size ``batch_size`` (what :func:`make_private` fixes before any data is touched;
+    the Hugging Face :class:`~renyi.dpsgd.hf.DPTrainer` uses it too).
+
+    Epochs become ⌈epochs · n / b⌉ steps (whole epochs of the sampler for the epoch
+    samplers), rounded up and stated in ``steps_note``; σ is the smallest noise multiplier
+    whose training event costs at most ``target_epsilon`` at ``delta`` by ``accountant``.
+
+    Raises:
+        PrivacyParameterError: inconsistent or out-of-range arguments, an unreachable target.
+    """
+    delta = check_delta(delta)
+    n = check_int("n", n, 1)
+    batch_size = check_int("batch_size", batch_size, 1)
+    if batch_size > n:
+        raise fail("batch_size", batch_size, f"an integer in [1, len(data)={n}]")
+    if (epochs is None) == (steps is None):
+        raise fail("epochs/steps", (epochs, steps), "exactly one of epochs or steps")
+    if (target_epsilon is None) == (noise_multiplier is None):
+        raise fail(
+            "target_epsilon/noise_multiplier",
+            (target_epsilon, noise_multiplier),
+            "exactly one of target_epsilon or noise_multiplier",
+        )
+    sampling = normalise_sampling(sampling)
+    per_epoch_sampler = sampling in ("random-allocation", "shuffle")
+    if per_epoch_sampler:
+        steps, sample_rate, steps_note = _epoch_plan(sampling, n, batch_size, epochs, steps)
+    elif epochs is not None:
+        steps, sample_rate = epochs_to_steps(epochs, n, batch_size)
+        exact = epochs * n / batch_size
+        if steps == exact:
+            steps_note = f"epochs={epochs:g} × n={n} / batch_size={batch_size} = {steps} steps"
+        else:
+            steps_note = (
+                f"epochs={epochs:g} × n={n} / batch_size={batch_size} = {exact:.6g} steps, "
+                f"rounded up to {steps} (the guarantee covers all {steps})"
+            )
+    else:
+        steps = check_int("steps", steps, 1)
+        sample_rate = batch_size / n
+        steps_note = f"steps={steps} given ({steps * batch_size / n:.6g} epochs)"
+
+    source = make_random_source(seed)
+    sampler: AnySampler
+    if sampling == "poisson":
+        sampler = PoissonSampler(n, sample_rate, steps, random_source=source)
+    elif sampling == "fixed-size":
+        sampler = FixedSizeSampler(n, batch_size, steps, random_source=source)
+    elif sampling == "random-allocation":
+        sampler = BallsInBinsSampler(n, batch_size, steps, random_source=source)
+    else:
+        sampler = ShuffleSampler(n, batch_size, steps, random_source=source)
+
+    calibration: CalibrationResult | None = None
+    if target_epsilon is not None:
+        target_epsilon = check_positive("target_epsilon", target_epsilon)
+        if per_epoch_sampler:
+            calibration = calibrate_sampler_noise(
+                target_epsilon, delta, sampler, steps, accountant=accountant
+            )
+            sigma = calibration.noise_multiplier
+        elif sampling == "poisson":
+            calibration = calibrate_noise_multiplier(
+                target_epsilon, delta, sample_rate, steps, accountant=accountant
+            )
+            sigma = calibration.noise_multiplier
+        else:
+            # calibration.dpsgd_event already charges replace-one's sensitivity 2C (its
+            # Gaussian has multiplier σ/2, as FixedSizeSampler's event): σ comes back as σ/C.
+            calibration = calibrate_noise_multiplier(
+                target_epsilon,
+                delta,
+                sample_rate,
+                steps,
+                accountant=accountant,
+                sampling="without_replacement",
+                dataset_size=n,
+            )
+            sigma = calibration.noise_multiplier
+    else:
+        sigma = check_positive("noise_multiplier", noise_multiplier)
+
+    return TrainingPlan(
+        sampler=sampler,
+        noise_multiplier=sigma,
+        sample_rate=sample_rate,
+        steps=steps,
+        steps_note=steps_note,
+        calibration=calibration,
+        target=None if target_epsilon is None else (target_epsilon, delta),
+    )
+
+
 def make_private(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -574,76 +706,20 @@ def make_private(
             "the expected batch size (an integer >= 1; taken from a DataLoader's batch_size "
             "when data is one)",
         )
-    batch_size = check_int("batch_size", batch_size, 1)
-    if batch_size > n:
-        raise fail("batch_size", batch_size, f"an integer in [1, len(data)={n}]")
-    if (epochs is None) == (steps is None):
-        raise fail("epochs/steps", (epochs, steps), "exactly one of epochs or steps")
-    if (target_epsilon is None) == (noise_multiplier is None):
-        raise fail(
-            "target_epsilon/noise_multiplier",
-            (target_epsilon, noise_multiplier),
-            "exactly one of target_epsilon or noise_multiplier",
-        )
-    sampling = normalise_sampling(sampling)  # type: ignore[assignment]
-    per_epoch_sampler = sampling in ("random-allocation", "shuffle")
-    if per_epoch_sampler:
-        steps, sample_rate, steps_note = _epoch_plan(sampling, n, batch_size, epochs, steps)
-    elif epochs is not None:
-        steps, sample_rate = epochs_to_steps(epochs, n, batch_size)
-        exact = epochs * n / batch_size
-        if steps == exact:
-            steps_note = f"epochs={epochs:g} × n={n} / batch_size={batch_size} = {steps} steps"
-        else:
-            steps_note = (
-                f"epochs={epochs:g} × n={n} / batch_size={batch_size} = {exact:.6g} steps, "
-                f"rounded up to {steps} (the guarantee covers all {steps})"
-            )
-    else:
-        steps = check_int("steps", steps, 1)
-        sample_rate = batch_size / n
-        steps_note = f"steps={steps} given ({steps * batch_size / n:.6g} epochs)"
-
-    source = make_random_source(seed)
-    sampler: AnySampler
-    if sampling == "poisson":
-        sampler = PoissonSampler(n, sample_rate, steps, random_source=source)
-    elif sampling == "fixed-size":
-        sampler = FixedSizeSampler(n, batch_size, steps, random_source=source)
-    elif sampling == "random-allocation":
-        sampler = BallsInBinsSampler(n, batch_size, steps, random_source=source)
-    else:
-        sampler = ShuffleSampler(n, batch_size, steps, random_source=source)
-
-    calibration: CalibrationResult | None = None
-    if target_epsilon is not None:
-        target_epsilon = check_positive("target_epsilon", target_epsilon)
-        if per_epoch_sampler:
-            calibration = calibrate_sampler_noise(
-                target_epsilon, delta, sampler, steps, accountant=accountant
-            )
-            sigma = calibration.noise_multiplier
-        elif sampling == "poisson":
-            calibration = calibrate_noise_multiplier(
-                target_epsilon, delta, sample_rate, steps, accountant=accountant
-            )
-            sigma = calibration.noise_multiplier
-        else:
-            # calibration.dpsgd_event already charges replace-one's sensitivity 2C (its
-            # Gaussian has multiplier σ/2, as FixedSizeSampler's event): σ comes back as σ/C.
-            calibration = calibrate_noise_multiplier(
-                target_epsilon,
-                delta,
-                sample_rate,
-                steps,
-                accountant=accountant,
-                sampling="without_replacement",
-                dataset_size=n,
-            )
-            sigma = calibration.noise_multiplier
-    else:
-        sigma = check_positive("noise_multiplier", noise_multiplier)
-
+    plan = plan_training(
+        n,
+        batch_size,
+        delta=delta,
+        target_epsilon=target_epsilon,
+        noise_multiplier=noise_multiplier,
+        epochs=epochs,
+        steps=steps,
+        accountant=accountant,
+        sampling=sampling,
+        seed=seed,
+    )
+    sampler, sigma, steps = plan.sampler, plan.noise_multiplier, plan.steps
+    source = sampler.random_source
     dp_optimizer = DPOptimizer(
         optimizer,
         model=model,
@@ -658,8 +734,8 @@ def make_private(
         grad_mode=grad_mode,
         engine=engine,
         budget=budget,
-        max_steps=steps if target_epsilon is not None else None,
-        target=None if target_epsilon is None else (target_epsilon, delta),
+        max_steps=steps if plan.target is not None else None,
+        target=plan.target,
         allow_exceeding_target=allow_exceeding_target,
     )
     loader = private_data_loader(data, sampler)
@@ -671,11 +747,11 @@ def make_private(
         sampler=sampler,
         noise_multiplier=sigma,
         max_grad_norm=max_grad_norm,
-        sample_rate=sample_rate,
+        sample_rate=plan.sample_rate,
         steps=steps,
-        target_epsilon=target_epsilon,
+        target_epsilon=None if plan.target is None else plan.target[0],
         delta=delta,
         neighbouring=sampler.neighbouring.value,
-        steps_note=steps_note,
-        calibration=calibration,
+        steps_note=plan.steps_note,
+        calibration=plan.calibration,
     )

@@ -1,0 +1,344 @@
+"""renyi.dpsgd.hf.DPTrainer: Hugging Face transformers (and peft) models trained with DP-SGD.
+
+Tiny models from configs with random weights (GPT-2, BERT, Llama architectures), tokenisers
+trained here on text CPython ships (``pydoc_data``): nothing is downloaded (HF_HUB_OFFLINE).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from torch import nn  # noqa: E402
+
+from renyi.accountants import make_accountant  # noqa: E402
+from renyi.dpsgd.hf import (  # noqa: E402
+    DPTrainer,
+    LogitsForward,
+    causal_lm_loss,
+    per_example_loss_for,
+    train_tokenizer,
+)
+from renyi.errors import PrivacyParameterError  # noqa: E402
+from renyi.events import GaussianEvent, PoissonSampledEvent  # noqa: E402
+
+pytestmark = [
+    pytest.mark.torch,
+    pytest.mark.filterwarnings("ignore::renyi.errors.InsecureRandomnessWarning"),
+]
+
+N, SEQ, BATCH = 64, 16, 8
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _quiet_and_cheap() -> Iterator[None]:
+    transformers.logging.set_verbosity_error()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    # accelerate runs gc.collect() at every train(): after transformers' import that walks
+    # a large heap each time; frozen objects are skipped (test speed only)
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def lines() -> list[str]:
+    import pydoc_data.topics
+
+    texts = pydoc_data.topics.topics.values()
+    found = {ln.strip() for t in texts for ln in t.splitlines() if len(ln.strip()) > 30}
+    return sorted(ln for ln in found if ln.isascii())[:400]
+
+
+@pytest.fixture(scope="module")
+def tokenizers(lines: list[str]) -> dict[str, Any]:
+    return {
+        "bpe": train_tokenizer(lines, vocab_size=300),
+        "wordpiece": train_tokenizer(lines, vocab_size=300, kind="wordpiece"),
+    }
+
+
+class _Encoded(torch.utils.data.Dataset):  # type: ignore[misc]
+    def __init__(self, tok: Any, lines: list[str], labels: list[int] | None = None) -> None:
+        self.rows = [dict(tok(ln, truncation=True, max_length=SEQ)) for ln in lines[:N]]
+        for i, row in enumerate(self.rows):
+            if labels is not None:
+                row["labels"] = labels[i]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return dict(self.rows[i])
+
+
+def _gpt2(tok: Any, *, lora: bool = True, tie: bool = True) -> nn.Module:
+    config = transformers.GPT2Config(
+        vocab_size=len(tok),
+        n_positions=32,
+        n_embd=16,
+        n_layer=2,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=tie,
+    )
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    if lora:
+        lora_config = peft.LoraConfig(r=4, target_modules=["c_attn"], fan_in_fan_out=True)
+        model = peft.get_peft_model(model, lora_config)
+    return model
+
+
+def _llama(tok: Any) -> nn.Module:
+    config = transformers.LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config)
+
+
+def _bert_config(tok: Any, **kw: Any) -> Any:
+    return transformers.BertConfig(
+        vocab_size=len(tok),
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        pad_token_id=tok.pad_token_id,
+        **kw,
+    )
+
+
+def _bert_mlm_lora(tok: Any) -> nn.Module:
+    torch.manual_seed(0)
+    model = transformers.BertForMaskedLM(_bert_config(tok))
+    return peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["query", "value"]))
+
+
+def _bert_classifier(tok: Any) -> nn.Module:
+    torch.manual_seed(0)
+    return transformers.BertForSequenceClassification(_bert_config(tok, num_labels=2))
+
+
+def _family(name: str, toks: dict[str, Any], lines: list[str]) -> tuple[nn.Module, Any, Any]:
+    """(model, dataset, collator) of a model family."""
+    if name == "gpt2-lora":
+        tok = toks["bpe"]
+        return _gpt2(tok), _Encoded(tok, lines), _clm(tok)
+    if name == "llama-full":
+        tok = toks["bpe"]
+        return _llama(tok), _Encoded(tok, lines), _clm(tok)
+    tok = toks["wordpiece"]
+    if name == "bert-mlm-lora":
+        collator = transformers.DataCollatorForLanguageModeling(tok, mlm_probability=0.3)
+        return _bert_mlm_lora(tok), _Encoded(tok, lines), collator
+    labels = [int("(" in ln) for ln in lines[:N]]  # does the line show a call?
+    return _bert_classifier(tok), _Encoded(tok, lines, labels), _padding(tok)
+
+
+def _clm(tok: Any) -> Any:
+    return transformers.DataCollatorForLanguageModeling(tok, mlm=False)
+
+
+def _padding(tok: Any) -> Any:
+    return transformers.DataCollatorWithPadding(tok)
+
+
+def _args(tmp_path: Path, **kw: Any) -> Any:
+    defaults: dict[str, Any] = {
+        "output_dir": str(tmp_path),
+        "per_device_train_batch_size": BATCH,
+        "max_steps": 3,
+        "learning_rate": 1e-2,
+        "report_to": [],
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "disable_tqdm": True,
+        "use_cpu": True,
+        "seed": 0,
+    }
+    defaults.update(kw)
+    return transformers.TrainingArguments(**defaults)
+
+
+def _trainer(model: nn.Module, args: Any, data: Any, collator: Any, **kw: Any) -> DPTrainer:
+    kw.setdefault("target_epsilon", 8.0)
+    kw.setdefault("accountant", "rdp")
+    kw.setdefault("noise_seed", 0)
+    return DPTrainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        data_collator=collator,
+        target_delta=1e-5,
+        max_grad_norm=1.0,
+        **kw,
+    )
+
+
+def _state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+FAMILIES = ["gpt2-lora", "llama-full", "bert-mlm-lora", "bert-cls-full"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dptrainer_trains_each_family_and_reports_the_accountants_epsilon(
+    family: str, tokenizers: dict[str, Any], lines: list[str], tmp_path: Path
+) -> None:
+    model, data, collator = _family(family, tokenizers, lines)
+    before = _state(model)
+    trainer = _trainer(model, _args(tmp_path), data, collator)
+    trainer.train()
+    dp = trainer.dp_optimizer
+    assert dp is not None and dp.steps_taken == 3 == trainer.state.global_step
+    # epsilon() is the accountant's value for the 3 Poisson steps at q = 8/64
+    event = PoissonSampledEvent(BATCH / N, GaussianEvent(dp.noise_multiplier))
+    oracle = make_accountant("rdp").compose(event, 3).epsilon(1e-5).epsilon
+    assert trainer.epsilon() == oracle and oracle <= 8.0
+    assert trainer.privacy_plan().steps == 3
+    logged = [h for h in trainer.state.log_history if "epsilon" in h]
+    assert logged and logged[-1]["epsilon"] == oracle
+    assert not any("loss" in h for h in trainer.state.log_history)  # not private: not logged
+    after = _state(model)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable
+    for name in before:
+        changed = not torch.equal(before[name], after[name])
+        assert changed == (name in trainable), name  # frozen weights never move
+    if "lora" in family:
+        assert all("lora_" in n or "classifier" in n for n in trainable)
+
+
+def test_per_example_loss_leave_one_out_sensitivity_at_most_c(
+    tokenizers: dict[str, Any], lines: list[str]
+) -> None:
+    """Noise off: the clipped sum of a batch and of the batch without example j differ by at
+    most C (the model's own batch-mean loss would weight each example by the batch)."""
+    from renyi.dpsgd.clipping import ClippedGradientEngine
+
+    tok = tokenizers["bpe"]
+    model = _llama(tok)
+    forward = LogitsForward(model)
+    forward.keys = ("input_ids", "attention_mask")
+    engine = ClippedGradientEngine(forward, per_example_loss_for(model), max_grad_norm=0.1)
+    batch = _clm(tok)([dict(tok(ln, truncation=True, max_length=SEQ)) for ln in lines[:6]])
+    inputs = (batch["input_ids"], batch["attention_mask"])
+    full, _, norms = engine.clipped_grad_sum(inputs, batch["labels"])
+    assert bool((norms > 0.1).all())  # every example is clipped
+    for j in range(6):
+        keep = [i for i in range(6) if i != j]
+        part, _, _ = engine.clipped_grad_sum(tuple(t[keep] for t in inputs), batch["labels"][keep])
+        diff = math.sqrt(sum(float((full[k] - part[k]).double().pow(2).sum()) for k in full))
+        assert 0.1 * (1 - 1e-4) < diff <= 0.1 * (1 + 1e-6)
+
+
+def test_causal_lm_loss_is_each_examples_mean_over_its_own_tokens() -> None:
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 7, generator=g)
+    labels = torch.randint(0, 7, (3, 5), generator=g)
+    labels[1, 2:] = -100
+    alone = [float(causal_lm_loss(logits[i : i + 1], labels[i : i + 1])[0]) for i in range(3)]
+    together = causal_lm_loss(logits, labels).tolist()
+    assert together == pytest.approx(alone, rel=1e-6)
+    expected = nn.functional.cross_entropy(logits[1, :1], labels[1, 1:2])  # one target token
+    assert together[1] == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_gradient_accumulation_is_one_logical_poisson_batch(
+    tokenizers: dict[str, Any], lines: list[str], tmp_path: Path
+) -> None:
+    """8 examples per step as one batch, or as 2 micro-batches of 4: the same Poisson
+    batches, one noise draw and one accounted step each, the same parameters."""
+    results = []
+    for per_device, accumulation in ((8, 1), (4, 2)):
+        model, data, collator = _family("gpt2-lora", tokenizers, lines)
+        args = _args(
+            tmp_path / f"ga{accumulation}",
+            per_device_train_batch_size=per_device,
+            gradient_accumulation_steps=accumulation,
+        )
+        trainer = _trainer(model, args, data, collator)
+        trainer.train()
+        dp = trainer.dp_optimizer
+        assert dp is not None and dp.steps_taken == 3 == trainer.state.global_step
+        assert sum(count for _, count in dp.accountant.history) == 3
+        results.append((trainer.epsilon(), _state(model)))
+    assert results[0][0] == results[1][0]
+    for name, value in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_checkpoint_resume_equals_the_uninterrupted_run(
+    tokenizers: dict[str, Any], lines: list[str], tmp_path: Path
+) -> None:
+    def run(resume: str | None) -> tuple[float, dict[str, torch.Tensor], DPTrainer]:
+        model, data, collator = _family("gpt2-lora", tokenizers, lines)
+        args = _args(tmp_path / "run", max_steps=4, save_strategy="steps", save_steps=2)
+        trainer = _trainer(model, args, data, collator)
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer.epsilon(), _state(model), trainer
+
+    eps, params, _ = run(None)
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    assert (checkpoint / "optimizer.pt").is_file()
+    eps_resumed, params_resumed, trainer = run(str(checkpoint))
+    dp = trainer.dp_optimizer
+    assert dp is not None and dp.steps_taken == 4
+    assert eps_resumed == eps
+    for name, value in params.items():
+        assert torch.equal(params_resumed[name], value), name
+
+
+def _refused(build: Callable[[], Any], match: str) -> None:
+    with pytest.raises(PrivacyParameterError, match=match):
+        build()
+
+
+def test_refusals(tokenizers: dict[str, Any], lines: list[str], tmp_path: Path) -> None:
+    tok = tokenizers["bpe"]
+    data = _Encoded(tok, lines)
+    # full fine-tuning with GPT-2's tied embeddings/LM head: refused, saying what to do
+    _refused(lambda: _trainer(_gpt2(tok, lora=False), _args(tmp_path), data, _clm(tok)), "tied")
+    # untied, it trains
+    trainer = _trainer(
+        _gpt2(tok, lora=False, tie=False), _args(tmp_path, max_steps=1), data, _clm(tok)
+    )
+    trainer.train()
+    # a model without a known per-example loss
+    base = transformers.GPT2Model(_gpt2(tok, lora=False).config)
+    _refused(lambda: _trainer(base, _args(tmp_path), data, _clm(tok)), "per_example_loss")
+    _refused(lambda: _trainer(_llama(tok), _args(tmp_path, bf16=True), data, _clm(tok)), "bf16")
+    _refused(
+        lambda: _trainer(_llama(tok), _args(tmp_path), data, _clm(tok), noise_multiplier=1.0),
+        "exactly one",
+    )
