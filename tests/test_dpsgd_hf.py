@@ -36,6 +36,7 @@ from renyi.events import GaussianEvent, PoissonSampledEvent  # noqa: E402
 pytestmark = [
     pytest.mark.torch,
     pytest.mark.filterwarnings("ignore::renyi.errors.InsecureRandomnessWarning"),
+    pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning"),  # peft
 ]
 
 N, SEQ, BATCH = 64, 16, 8
@@ -342,3 +343,17 @@ def test_refusals(tokenizers: dict[str, Any], lines: list[str], tmp_path: Path) 
         lambda: _trainer(_llama(tok), _args(tmp_path), data, _clm(tok), noise_multiplier=1.0),
         "exactly one",
     )
+
+
+def test_an_empty_poisson_batch_collates_to_zero_rows_with_hf_collators(
+    tokenizers: dict[str, Any], lines: list[str]
+) -> None:
+    """transformers' collators return a BatchEncoding (a UserDict, not a dict): an empty
+    batch must still come out with zero rows, never as dataset[0]."""
+    from renyi.dpsgd import EmptyBatchCollate
+
+    tok = tokenizers["wordpiece"]
+    data = _Encoded(tok, lines, [0] * N)
+    batch = EmptyBatchCollate(data, _padding(tok))([])
+    assert set(batch) >= {"input_ids", "attention_mask", "labels"}
+    assert all(v.shape[0] == 0 for v in batch.values())
