@@ -264,9 +264,10 @@ def test_secure_normal_other_dtypes_tails_and_tampering() -> None:
 
     z = SecureRandomSource().normal((2, 3), torch.float16)
     assert z.dtype == torch.float16 and z.shape == (2, 3)
-    # the extreme words: u1 = 2^-65 gives the largest radius sqrt(130 ln 2), angle ~0
-    top = noise._standard("gaussian", 1, lambda n: np.zeros(n, dtype=np.uint64), np)
-    assert math.isclose(float(top[0]), math.sqrt(130 * math.log(2)), rel_tol=1e-12)
+    # the extreme words: u1 = 2^-64 gives the largest raw radius sqrt(128 ln 2), angle ~0
+    zeros = noise._SourceBits(lambda n: np.zeros(n, dtype=np.uint64), "gaussian")
+    top = noise._raw_normals(zeros, 0, 1, np)
+    assert math.isclose(float(top[0]), math.sqrt(128 * math.log(2)), rel_tol=1e-12)
     src = SecureRandomSource()
 
     class _Words(rr.RandomSource):

@@ -14,6 +14,8 @@ inverse). The contract, shared by all accountants and tested by one suite:
 from __future__ import annotations
 
 import copy as _copy
+import dataclasses
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
@@ -42,6 +44,9 @@ class EpsilonResult:
     epsilon_lower: float | None = None
     epsilon_estimate: float | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    #: ``(epsilon_slack, delta_slack)`` of the floating-point noise implementation, already
+    #: included in ``epsilon`` / ``delta`` (:func:`renyi.noise.accounting_slack`).
+    implementation_slack: tuple[float, float] = (0.0, 0.0)
 
     def __float__(self) -> float:
         return self.epsilon
@@ -57,9 +62,56 @@ class DeltaResult:
     order: float | None = None
     delta_lower: float | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    #: ``(epsilon_slack, delta_slack)`` of the noise implementation, included in ``delta``.
+    implementation_slack: tuple[float, float] = (0.0, 0.0)
 
     def __float__(self) -> float:
         return self.delta
+
+
+def _with_slack_epsilon(ideal: Any, delta: float) -> EpsilonResult:
+    """ε of the implementation at ``delta``: the ideal ε at ``delta - delta_slack(ε)`` plus the
+    ε slack (``ideal(d)`` answers for the ideal mechanism). The slack's δ part grows with ε
+    (``n TAIL_MASS (1 + e^ε)``): it is evaluated at a guess that the answer must not exceed."""
+    from renyi.noise import accounting_slack
+
+    if accounting_slack(200.0) == (0.0, 0.0):  # renyi's noise is exact: nothing to add
+        return dataclasses.replace(ideal(delta), implementation_slack=(0.0, 0.0))
+    first = ideal(delta)
+    if not math.isfinite(first.epsilon):
+        return dataclasses.replace(first, implementation_slack=accounting_slack(0.0))
+    guess = first.epsilon + 1.0
+    eps_slack, ds = accounting_slack(guess)
+    res = first
+    for _ in range(16):
+        eps_slack, ds = accounting_slack(guess)
+        d = min(delta - ds, math.nextafter(delta, 0.0)) if delta > 0 else 0.0
+        if delta > 0 and d <= 0:
+            res = ideal(delta)
+            return dataclasses.replace(
+                res,
+                epsilon=math.inf,
+                implementation_slack=(eps_slack, ds),
+                details={**res.details, "note": "delta is below the implementation's slack"},
+            )
+        res = ideal(d)
+        if res.epsilon <= guess or not math.isfinite(res.epsilon):
+            if delta == 0:  # pure DP of the ideal mechanism; the implementation has delta = ds
+                ds = accounting_slack(res.epsilon)[1]
+                return dataclasses.replace(
+                    res,
+                    epsilon=res.epsilon + eps_slack,
+                    delta=math.nextafter(ds, math.inf),
+                    implementation_slack=(eps_slack, ds),
+                )
+            return dataclasses.replace(
+                res,
+                epsilon=res.epsilon + eps_slack,
+                delta=delta,
+                implementation_slack=(eps_slack, ds),
+            )
+        guess = res.epsilon + 1.0
+    return dataclasses.replace(res, epsilon=math.inf, implementation_slack=(eps_slack, ds))
 
 
 class Accountant(ABC):
@@ -134,16 +186,34 @@ class Accountant(ABC):
         return self
 
     def epsilon(self, delta: float) -> EpsilonResult:
-        """Smallest proven ε such that the composition so far is (ε, δ)-DP."""
+        """Smallest proven ε such that the composition so far is (ε, δ)-DP.
+
+        Includes the slack of renyi's noise implementation (:func:`renyi.noise.accounting_slack`,
+        up to 2**64 released values): the ideal mechanism's ε is taken at ``δ - slack(ε)`` (at
+        least one float below ``δ``) and the implementation's ε slack is added; both are in
+        :attr:`EpsilonResult.implementation_slack`. This is the one place where it is added:
+        every ε reported from an accountant (``PrivacyEngine.get_epsilon``, budgets, ledgers,
+        the CLI) carries it.
+        """
         delta = check_delta(delta)
         self._require_events()
-        return self._epsilon(delta)
+        return _with_slack_epsilon(self._epsilon, delta)
 
     def delta(self, epsilon: float) -> DeltaResult:
-        """Smallest proven δ such that the composition so far is (ε, δ)-DP."""
+        """Smallest proven δ such that the composition so far is (ε, δ)-DP (with the noise
+        implementation's slack added, see :meth:`epsilon`)."""
         epsilon = check_nonnegative("epsilon", epsilon)
         self._require_events()
-        return self._delta(epsilon)
+        from renyi.noise import accounting_slack
+
+        eps_slack, _ = accounting_slack(epsilon)
+        ideal = max(epsilon - eps_slack, 0.0)
+        res = self._delta(ideal)
+        ds = accounting_slack(epsilon)[1]
+        total = min(1.0, math.nextafter(res.delta + ds, math.inf)) if ds > 0 else res.delta
+        return dataclasses.replace(
+            res, delta=total, epsilon=epsilon, implementation_slack=(eps_slack, ds)
+        )
 
     def _require_events(self) -> None:
         if self.is_empty:

@@ -53,7 +53,27 @@ def _jsonable(value: Any) -> Any:
 
 
 def print_json(obj: dict[str, Any]) -> None:
-    """Print exactly one JSON object (infinities as strings, numpy values as Python ones)."""
+    """Print exactly one JSON object (infinities as strings, numpy values as Python ones).
+
+    An object that reports an ``epsilon`` also gets ``implementation_slack``: the ε and δ that
+    renyi's noise implementation adds (:func:`renyi.noise.accounting_slack`, already included
+    in every accountant's figures)."""
+    if "epsilon" in obj and "implementation_slack" not in obj:
+        from renyi.noise import MAX_ACCOUNTED_VALUES, accounting_slack
+
+        try:
+            eps = float(obj["epsilon"])
+        except (TypeError, ValueError):
+            eps = 1.0
+        e, d = accounting_slack(eps if math.isfinite(eps) and eps >= 0 else 1.0)
+        obj = {
+            **obj,
+            "implementation_slack": {
+                "epsilon": e,
+                "delta": d,
+                "released_values_covered": MAX_ACCOUNTED_VALUES,
+            },
+        }
     sys.stdout.write(json.dumps(_jsonable(obj), indent=2) + "\n")
 
 

@@ -1,0 +1,845 @@
+"""The one noise primitive of renyi: Gaussian and Laplace releases on a fixed lattice, exact.
+
+Every continuous-valued release of the package (DP-SGD's noisy gradient, the federated
+means, DP-FedAvg, GOPA's independent noise) goes through this module:
+
+* ``gaussian(value, sigma, *, rng=None, allow_predictable_noise=False)``
+* ``laplace(value, scale, *, rng=None, allow_predictable_noise=False)``
+* ``CounterNoise(key).gaussian(value, sigma, stream=, step=, offset=)``: the same release with
+  noise that is a function of a secret key and a counter (regenerable, distributable).
+
+``value`` is a Python float, a numpy array (any real dtype) or a torch tensor (CPU or CUDA,
+any floating dtype); the result has the same kind, shape, dtype and device.
+
+Construction (``docs/noise.md``): with ``g = lattice_step(sigma)`` (a power of two, ``s =
+sigma / g`` in ``[8, 16)``) the release is ``g K`` with ``K = round(value / g + s Z)`` for a
+standard normal (Laplace) ``Z`` defined *exactly* by random bits (Box-Muller of uniforms with
+as many bits as needed). ``K`` is computed exactly: a float32 pass with a proven error bound
+decides almost every value, and the rare ones near a rounding boundary are recomputed from
+more random bits in interval arithmetic. So the release is a post-processing of the textbook
+Gaussian (Laplace) mechanism and **every guarantee of the continuous mechanism holds**, up to
+a tail of probability below 2**-10000 per value (:data:`TAIL_MASS`, 0 in floating point),
+counted in delta by :func:`implementation_slack` and added by every accountant
+(:func:`accounting_slack`).
+
+Outputs are canonical: the bytes are ``sat(fl(g K)) + 0``, the correctly rounded ``g K`` in the
+output dtype, saturated at the dtype's largest finite value (so float32 ``3e38`` releases
+``3.4028235e38``, never ``inf``), never ``-0.0``, never NaN: a function of ``K``, ``sigma`` and the
+dtype alone. Every finite value is released; NaN/inf inputs (and non-finite caller noise in
+:func:`snap`) are refused before any draw.
+
+Randomness: ``rng=None`` is a fresh 256-bit key from the OS per call (ChaCha20 keystream).
+Reproducible runs pass a seeded ``numpy.random.Generator`` or one of renyi's seeded sources;
+every such use warns (:class:`~renyi.errors.InsecureRandomnessWarning`). Any other object is
+refused unless ``allow_predictable_noise=True`` says the caller accepts noise that renyi cannot
+vouch for (it then warns too).
+
+Example
+-------
+>>> import numpy as np
+>>> from renyi import noise
+>>> y = noise.gaussian(np.array([0.0, 1.0, 2.5]), 1.0)
+>>> g = noise.lattice_step(1.0)
+>>> g, bool(np.all(y / g == np.round(y / g)))
+(0.125, True)
+>>> cn = noise.CounterNoise(bytes(32))          # a fixed key: for the example only
+>>> a = cn.gaussian(np.zeros(4), 1.0, stream=0, step=7)
+>>> b = cn.gaussian(np.zeros(2), 1.0, stream=0, step=7, offset=2)
+>>> bool(np.array_equal(a[2:], b))              # the same counters give the same noise
+True
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+from renyi._validation import check_int, check_nonnegative, fail
+from renyi.noise import _chacha, _exact, _kernel
+from renyi.random import (
+    RandomSource,
+    _warn_insecure,
+    get_source,
+    is_trusted_source,
+)
+
+__all__ = [
+    "GRID_BITS",
+    "MAX_ACCOUNTED_VALUES",
+    "ROUNDING_SLACK",
+    "TAIL_MASS",
+    "CounterNoise",
+    "accounting_slack",
+    "gaussian",
+    "gaussian_noise",
+    "implementation_slack",
+    "laplace",
+    "lattice_step",
+    "resolve_source",
+    "snap",
+    "standard_normal",
+]
+
+#: ``sigma / g`` is in ``[2**GRID_BITS, 2**(GRID_BITS + 1))``: the rounding to the lattice adds
+#: at most ``g**2 / 12 <= sigma**2 / 768`` of variance (0.07 % of the standard deviation).
+GRID_BITS = 3
+#: Probability per released value that its index is not the ideal one: the uniforms' bits run
+#: out (after ``_exact.MAX_LEVELS`` levels, 32,000 bits) before the value is decided. It is
+#: below 2**-10000 (docs/noise.md), which is 0 in floating point.
+TAIL_MASS = 0.0
+#: Bound on ``|log P_impl(k) - log P_ideal(k)|`` per value: 0, the index is exact.
+ROUNDING_SLACK = 0.0
+#: The number of released values that :func:`accounting_slack` covers for one accountant.
+MAX_ACCOUNTED_VALUES = 2**64
+
+_CHUNK_UNITS = 1 << 15  # units of random bits per float32 pass on the CPU (fits in L2)
+_DEVICE_CHUNK_UNITS = 1 << 22
+_GAUSS_DOMAIN, _LAPLACE_DOMAIN = 0, 64  # nonce domains; extension level l adds l
+_UNIT_BYTES = {"gaussian": 8, "laplace": 4}
+_UNIT_VALUES = {"gaussian": 2, "laplace": 1}
+_MAX_STREAM = 1 << 24
+_MAX_VALUES = 1 << 36  # per (stream, step): 2**32 ChaCha20 blocks of 64 bytes
+
+
+def lattice_step(scale: float) -> float:
+    """The lattice step ``g`` for noise scale ``scale``: the largest power of two
+    ``<= scale * 2**-GRID_BITS`` (at least ``2**-970``, so the multiples stay normal floats).
+    ``scale = 0`` (no noise, no privacy: the value itself is returned) gives ``2**-970``.
+
+    >>> lattice_step(1.0), lattice_step(0.3), lattice_step(1000.0)
+    (0.125, 0.03125, 64.0)
+    """
+    s = check_nonnegative("scale", scale)
+    if s == 0.0:
+        return 2.0**-970
+    if not math.isfinite(s):
+        raise fail("scale", scale, "a finite noise scale >= 0")
+    _, e = math.frexp(s)  # s = m 2**e, m in [1/2, 1)
+    return math.ldexp(1.0, max(e - 1 - GRID_BITS, -970))
+
+
+def implementation_slack(n_values: int, epsilon: float = 1.0) -> tuple[float, float]:
+    """``(epsilon_slack, delta_slack)`` of releasing ``n_values`` values with this module.
+
+    The index of each value is the ideal one except with probability at most ``TAIL_MASS``
+    (its random bits ran out before it was decided), so the implementation is within total
+    variation ``n TAIL_MASS`` of the ideal mechanism, whose guarantee is the continuous
+    mechanism's: an ideal ``(epsilon, delta)`` becomes ``(epsilon, delta + n TAIL_MASS (1 +
+    e^epsilon))``. No epsilon slack: the index is exact (docs/noise.md).
+
+    >>> e, d = implementation_slack(10**14)
+    >>> e, d < 1e-20
+    (0.0, True)
+    """
+    n = int(n_values)
+    if n < 0:
+        raise fail("n_values", n_values, "an integer >= 0")
+    eps = check_nonnegative("epsilon", epsilon)
+    return ROUNDING_SLACK * n, n * TAIL_MASS * (1.0 + math.exp(min(eps, 700.0)))
+
+
+def accounting_slack(epsilon: float = 1.0) -> tuple[float, float]:
+    """The slack every accountant adds to the ε and δ it reports:
+    :func:`implementation_slack` of :data:`MAX_ACCOUNTED_VALUES` (2**64) released values.
+
+    >>> accounting_slack(1.0)[1] < 1e-18
+    True
+    """
+    return implementation_slack(MAX_ACCOUNTED_VALUES, epsilon)
+
+
+# ------------------------------------------------------------------------- randomness
+def _torch_source_words(rng: Any) -> Any:
+    """A words(n) callable for renyi's own torch sources, else None (exact type checks)."""
+    mod = sys.modules.get("renyi.dpsgd.sampler")
+    if mod is None:
+        return None
+    if type(rng) is mod.SecureRandomSource:
+        src = rng.source
+        if not is_trusted_source(src) or not src.secure:
+            raise fail("random_source", rng, "a SecureRandomSource backed by renyi's OS source")
+        return src.words
+    if type(rng) is mod.SeededRandomSource:
+        return rng.words
+    return None
+
+
+def resolve_source(rng: Any = None, *, allow_predictable_noise: bool = False) -> Any:
+    """``words(n)``, the 64-bit word supply for ``rng``; refuses sources renyi cannot vouch for.
+
+    ``None``: the secure OS source. A ``numpy.random.Generator``: reproducible, warns. One of
+    renyi's sources (:class:`renyi.random.SecureSource`, ``GeneratorSource``, the DP-SGD
+    torch sources, the keyed ``ChaCha20Source``): accepted by exact type, so a subclass that
+    merely claims ``secure = True`` (or returns zeros) is not. Anything else is refused with
+    :class:`~renyi.errors.PrivacyParameterError`, unless ``allow_predictable_noise=True``: the
+    caller then takes responsibility for its randomness, and a warning says so.
+    """
+    words = _torch_source_words(rng)
+    if words is not None:
+        return words
+    if rng is None or isinstance(rng, np.random.Generator):
+        return get_source(rng).words
+    if isinstance(rng, RandomSource) and is_trusted_source(rng):
+        if not rng.secure:
+            _warn_insecure(f"a seeded {type(rng).__name__}")
+        return rng.words
+    if allow_predictable_noise and callable(getattr(rng, "words", None)):
+        _warn_insecure(
+            f"a caller-supplied {type(rng).__name__} (allow_predictable_noise=True)",
+            "renyi cannot vouch for its randomness; pass rng=None for the secure OS source",
+        )
+        return rng.words
+    raise fail(
+        "rng",
+        rng,
+        "None (the secure OS source), a numpy.random.Generator (reproducible, insecure) or one "
+        "of renyi's random sources; other objects need allow_predictable_noise=True",
+    )
+
+
+# ------------------------------------------------------------------------- random bits
+class _CounterBits:
+    """The bits of one release from the keyed ChaCha20 keystream (counter layout in
+    docs/noise.md): main bits of unit ``u`` at bytes ``[B u, B (u+1))`` of domain ``d``'s
+    keystream for ``(stream, step)``; the extension words of level ``l`` at bytes
+    ``[8 u, 8 (u+1))`` of domain ``d + l``."""
+
+    def __init__(self, key: bytes, kind: str, stream: int, step: int) -> None:
+        self.key = key
+        self.unit = _UNIT_BYTES[kind]
+        self.domain = _GAUSS_DOMAIN if kind == "gaussian" else _LAPLACE_DOMAIN
+        self.stream = stream
+        self.step = step
+        self._enc: Any = None
+        self._next = -1
+
+    def _nonce(self, level: int) -> bytes:
+        return _chacha.make_nonce(self.domain + level, self.stream, self.step)
+
+    def main_bytes(self, first: int, count: int) -> bytes | bytearray:
+        """The main bytes of units ``[first, first + count)`` (CPU, OpenSSL when available)."""
+        start = first * self.unit
+        n = count * self.unit
+        try:
+            from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+        except ImportError:  # pragma: no cover - cryptography comes with torch/federated
+            return self._blocks_bytes(0, start, n)
+        if self._enc is None or self._next != start:
+            block, skip = divmod(start, _chacha.BLOCK_BYTES)
+            nonce = (block).to_bytes(4, "little") + self._nonce(0)
+            self._enc = Cipher(algorithms.ChaCha20(self.key, nonce), mode=None).encryptor()
+            if skip:
+                self._enc.update(bytes(skip))
+        buf = bytearray(n)
+        self._enc.update_into(buf, buf)
+        self._next = start + n
+        return buf
+
+    def _blocks_bytes(self, level: int, start: int, n: int) -> bytes:
+        b0 = start // _chacha.BLOCK_BYTES
+        b1 = (start + n + _chacha.BLOCK_BYTES - 1) // _chacha.BLOCK_BYTES
+        words = self._blocks(level, np.arange(b0, b1, dtype=np.int64), np)
+        raw = words.astype("<u4").tobytes()
+        off = start - b0 * _chacha.BLOCK_BYTES
+        return raw[off : off + n]
+
+    def _blocks(self, level: int, blocks: Any, xp: Any) -> Any:
+        nonce = np.frombuffer(self._nonce(level), dtype="<u4").astype(np.int64)
+        if xp is np:
+            nonces = np.broadcast_to(nonce, (len(blocks), 3))
+        else:
+            nonces = xp.as_tensor(nonce, device=blocks.device).expand(blocks.shape[0], 3)
+        return _chacha.chacha20_blocks(self.key, nonces, blocks, xp)
+
+    def main_device(self, first: int, count: int, torch: Any, device: Any) -> Any:
+        """The main 32-bit words of units ``[first, first + count)`` as int64 on ``device``,
+        computed there by the torch ChaCha20 (the GPU path)."""
+        words_per_unit = self.unit // 4
+        w0 = first * words_per_unit
+        w1 = (first + count) * words_per_unit
+        b0, b1 = w0 // 16, (w1 + 15) // 16
+        blocks = torch.arange(b0, b1, dtype=torch.int64, device=device)
+        words = self._blocks(0, blocks, torch).reshape(-1)
+        return words[w0 - 16 * b0 : w1 - 16 * b0]
+
+    def ext(self, level: int, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The two 32-bit extension words of level ``level`` for each unit in ``units``."""
+        units = np.asarray(units, dtype=np.int64)
+        blocks, inv = np.unique(units // 8, return_inverse=True)
+        words = self._blocks(level, blocks, np)  # (nb, 16)
+        pos = 2 * (units % 8)
+        return words[inv, pos], words[inv, pos + 1]
+
+
+class _SourceBits:
+    """The bits of one release read in order from a word source (``words(n)``: 64-bit words):
+    the main bits first, then extension words as they are needed (cached per unit and level,
+    so both values of a Gaussian pair see the same bits)."""
+
+    def __init__(self, words: Any, kind: str) -> None:
+        self.words = words
+        self.unit = _UNIT_BYTES[kind]
+        self._cache: dict[tuple[int, int], tuple[int, int]] = {}
+
+    def main_bytes(self, first: int, count: int) -> bytes:
+        n = count * self.unit
+        w = np.asarray(self.words((n + 7) // 8), dtype=np.uint64)
+        return w.astype("<u8").tobytes()[:n]
+
+    def ext(self, level: int, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        units = np.asarray(units, dtype=np.int64)
+        todo = [u for u in dict.fromkeys(units.tolist()) if (level, u) not in self._cache]
+        if todo:
+            w = np.asarray(self.words(len(todo)), dtype=np.uint64)
+            for u, word in zip(todo, w.tolist(), strict=True):
+                self._cache[(level, u)] = (word & 0xFFFFFFFF, word >> 32)
+        pairs = [self._cache[(level, u)] for u in units.tolist()]
+        e1 = np.array([p[0] for p in pairs], dtype=np.int64)
+        e2 = np.array([p[1] for p in pairs], dtype=np.int64)
+        return e1, e2
+
+
+# ------------------------------------------------------------------------- the release
+def _ops_for(value: Any) -> tuple[Any, _kernel.Ops]:
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch, _kernel.Ops(torch)
+    return None, _kernel.Ops(np)
+
+
+def _compute_dtype(dtype: Any, g: float, ops: _kernel.Ops) -> Any:
+    """float32 arithmetic when it is exact for every value of ``dtype`` (a public choice)."""
+    narrow = (
+        (ops.xp.float16, ops.xp.float32, ops.xp.bfloat16)
+        if ops.torch
+        else (np.dtype(np.float16), np.dtype(np.float32))
+    )
+    if dtype in narrow and 2.0**-100 <= g <= 2.0**100:
+        return ops.f32
+    return ops.f64
+
+
+def _main_words(
+    bits: Any, kind: str, first: int, count: int, ops: _kernel.Ops, device: Any, on_device: bool
+) -> tuple[Any, Any]:
+    """``(w1, w2)``: the main words of ``count`` units on the compute device."""
+    if on_device:  # the torch ChaCha20 on the tensor's device (the GPU path)
+        w = bits.main_device(first, count, ops.xp, device)
+        if kind == "gaussian":
+            w = w.reshape(count, 2)
+            hi = w[:, 1].contiguous()
+            return w[:, 0].contiguous(), (hi ^ 0x80000000) - 0x80000000  # as a signed int32
+        return w, None
+    raw = bits.main_bytes(first, count)
+    arr = np.frombuffer(raw, dtype="<i8" if kind == "gaussian" else "<i4")
+    w = ops.xp.from_numpy(arr.copy()) if ops.torch else arr.copy()
+    if kind == "gaussian":  # one 64-bit word per pair: w1 its low half, w2 its high half
+        return w, w >> 32
+    return w, None
+
+
+def _release_flat(
+    kind: str,
+    x: Any,
+    scale: float,
+    bits: Any,
+    offset: int,
+    ops: _kernel.Ops,
+    out_dtype: Any,
+    device: Any = None,
+    given: Any = None,
+    device_path: bool | None = None,
+) -> Any:
+    """The release of the flat array ``x`` (numpy or torch): see the module docstring.
+
+    ``device_path`` (default: whether ``device`` is not the CPU) draws the keystream with the
+    torch ChaCha20 on ``device`` instead of OpenSSL: the GPU path, testable on the CPU."""
+    n = int(x.numel()) if ops.torch else int(x.size)
+    g = lattice_step(scale)
+    s = scale / g  # exact: g is a power of two
+    big = float(ops.xp.finfo(out_dtype).max)
+    if ops.torch:
+        out = ops.xp.empty(n, dtype=out_dtype, device=x.device)
+    else:
+        out = np.empty(n, dtype=out_dtype)
+    if n == 0:
+        return out
+    if given is not None:
+        return _release_given(x, given, s, g, out_dtype, big, ops)
+    cd = _compute_dtype(x.dtype, g, ops)
+    margin = _kernel.GAUSS_MARGIN if kind == "gaussian" else _kernel.LAPLACE_MARGIN
+    thr = np.float32(0.5 - margin)
+    uv = _UNIT_VALUES[kind]
+    s32 = np.float32(s)
+    first_unit = offset // uv
+    last_unit = (offset + n + uv - 1) // uv
+    on_device = device is not None and getattr(device, "type", "cpu") != "cpu"
+    if device_path is not None:
+        on_device = device_path
+    chunk = _DEVICE_CHUNK_UNITS if on_device else _CHUNK_UNITS
+    flagged: list[tuple[Any, Any, Any, Any]] = []
+    inv_g = 1.0 / g
+    for u0 in range(first_unit, last_unit, chunk):
+        k = min(chunk, last_unit - u0)
+        w1, w2 = _main_words(bits, kind, u0, k, ops, device, on_device)
+        z, bad = _kernel.standard_f32(kind, w1, w2, ops)
+        v0 = max(u0 * uv, offset)  # the chunk's values (global positions) [v0, v1)
+        v1 = min((u0 + k) * uv, offset + n)
+        lead = v0 - u0 * uv
+        xs = x[v0 - offset : v1 - offset]
+        if lead or v1 != (u0 + k) * uv:  # a pair cut by the range: pad it (edges only)
+            pad = ops.xp.zeros(k * uv, dtype=x.dtype, **({"device": x.device} if ops.torch else {}))
+            pad[lead : lead + (v1 - v0)] = xs
+            xs = pad
+        xc = ops.to(xs, cd)
+        t = xc * inv_g
+        f = t - ops.rint(t)
+        f = ops.nan0(f)
+        v = ops.to(f, ops.f32) if cd is not ops.f32 else f.clone() if ops.torch else f.copy()
+        v += s32 * z
+        j = ops.rint(v)
+        ok = v - j
+        ok = abs(ok) <= thr
+        res = _kernel.finish(xc, f, j, g, out_dtype, big, ops)
+        out[v0 - offset : v1 - offset] = res[lead : lead + (v1 - v0)]
+        ok &= ~bad
+        ok = ok[lead : lead + (v1 - v0)]
+        if on_device:
+            idx = ops.xp.nonzero(~ok).reshape(-1)
+        else:
+            okn = ok.numpy() if ops.torch else ok
+            idx = np.flatnonzero(~okn)
+            if ops.torch:
+                idx = ops.xp.from_numpy(idx)
+        if len(idx):
+            units = (idx + lead) // uv
+            flagged.append(
+                (idx + (v0 - offset), w1[units], None if w2 is None else w2[units], (idx + v0) % uv)
+            )
+    if flagged:
+        _settle_flagged(kind, x, flagged, s, g, out, out_dtype, big, bits, offset, ops)
+    return out
+
+
+def _np(a: Any) -> np.ndarray:
+    if hasattr(a, "cpu"):
+        a = a.detach().cpu()
+        if a.is_floating_point() and a.element_size() < 4:
+            a = a.float()  # exact: float16/bfloat16 are float32 values (numpy lacks bfloat16)
+        return a.numpy()
+    return np.asarray(a)
+
+
+def _exact_f(x: Any, g: float) -> np.ndarray:
+    """The exact fractional parts ``x/g - round(x/g)`` (float64; 0 where ``x/g`` overflows)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        t = _np(x).astype(np.float64) / g
+        f = t - np.rint(t)
+    return np.where(np.isnan(f), 0.0, f)
+
+
+def _settle_flagged(
+    kind: str,
+    x: Any,
+    flagged: list[Any],
+    s: float,
+    g: float,
+    out: Any,
+    out_dtype: Any,
+    big: float,
+    bits: Any,
+    offset: int,
+    ops: _kernel.Ops,
+) -> None:
+    """Decide the flagged values exactly (tiers 2 and 3) and write their releases."""
+    cat = ops.xp.cat if ops.torch else np.concatenate
+    idx = _np(cat([fl[0] for fl in flagged])).astype(np.int64)
+    w1 = _np(cat([fl[1] for fl in flagged])).astype(np.int64) & 0xFFFFFFFF
+    w2 = None
+    if kind == "gaussian":
+        w2 = _np(cat([fl[2] for fl in flagged])).astype(np.int64) & 0xFFFFFFFF
+    which = _np(cat([fl[3] for fl in flagged])).astype(np.int64)
+    xs = x[ops.xp.as_tensor(idx, device=x.device)] if ops.torch else x[idx]
+    f = _exact_f(xs, g)
+    ok, j = _exact.decide_float64(kind, f, s, w1, w2, which)
+    units = (idx + offset) // _UNIT_VALUES[kind]
+    for i in np.flatnonzero(~ok):
+        unit = int(units[i])
+
+        def ext(level: int, unit: int = unit) -> tuple[int, int]:
+            e1, e2 = bits.ext(level, np.array([unit]))
+            return int(e1[0]), int(e2[0])
+
+        main = (int(w1[i]), 0 if w2 is None else int(w2[i]))
+        j[i] = _exact.decide_exact(kind, float(f[i]), s, main, ext, int(which[i]))
+    cd = _compute_dtype(x.dtype, g, ops)
+    xc = ops.to(xs, cd)
+    if ops.torch:
+        fj = ops.xp.as_tensor(f, device=x.device).to(cd)
+        jj = ops.xp.as_tensor(j, device=x.device).to(cd)
+        out[ops.xp.as_tensor(idx, device=x.device)] = _kernel.finish(
+            xc, fj, jj, g, out_dtype, big, ops
+        )
+    else:
+        out[idx] = _kernel.finish(xc, f.astype(cd), j.astype(cd), g, out_dtype, big, ops)
+
+
+def _release_given(
+    x: Any, given: Any, s: float, g: float, out_dtype: Any, big: float, ops: _kernel.Ops
+) -> Any:
+    """:func:`snap`: ``J = round(f + s z)`` exactly for the caller's float64 ``z``."""
+    from fractions import Fraction
+
+    f = _exact_f(x, g)
+    z = _np(given).astype(np.float64).reshape(-1)
+    v = f + s * z
+    j = np.rint(v)
+    # |fl(f + fl(s z)) - (f + s z)| <= 2 ulp(v): exact recomputation within that of a boundary
+    near = np.abs(v - j) > 0.5 - 2.0**-50 * (1.0 + np.abs(v))
+    for i in np.flatnonzero(near):
+        exact = Fraction(float(f[i])) + Fraction(s) * Fraction(float(z[i]))
+        j[i] = float(round(exact))
+    cd = ops.f64
+    xc = ops.to(x, cd)
+    if ops.torch:
+        fj = ops.xp.as_tensor(f, device=x.device)
+        jj = ops.xp.as_tensor(j, device=x.device)
+        return _kernel.finish(xc, fj, jj, g, out_dtype, big, ops)
+    return _kernel.finish(xc, f, j, g, out_dtype, big, ops)
+
+
+def _check_value(value: Any) -> tuple[str, Any]:
+    """``(kind, array)``: the value as a torch tensor or numpy array, refused if not finite."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        if value.is_complex() or value.dtype == torch.bool:
+            raise fail("value", value.dtype, "a real-valued tensor")
+        if value.numel() and not bool(torch.isfinite(value).all()):
+            raise fail("value", "a non-finite entry", "finite values (NaN/inf are refused)")
+        return "torch", value
+    if isinstance(value, bool | np.bool_ | str | bytes):
+        raise fail("value", value, "a finite real number, array or tensor")
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError):
+        raise fail("value", value, "a finite real number, array or tensor") from None
+    if arr.dtype.kind not in "iuf":
+        raise fail("value", value, "a finite real number, array or tensor")
+    if arr.size and not np.isfinite(arr).all():
+        raise fail("value", "a non-finite entry", "finite values (NaN/inf are refused)")
+    return "numpy", arr
+
+
+def _check_scale(name: str, scale: Any) -> float:
+    s = check_nonnegative(name, scale)
+    if not math.isfinite(s):
+        raise fail(name, scale, "a finite noise scale >= 0")
+    return s
+
+
+def _release(
+    kind: str, value: Any, scale: Any, make_bits: Any, offset: int = 0, given: Any = None
+) -> Any:
+    """Checks, then the release of ``value`` (any kind) with bits from ``make_bits()``."""
+    s = _check_scale("sigma" if kind == "gaussian" else "scale", scale)
+    where, arr = _check_value(value)
+    if given is not None:
+        n_noise = given.numel() if hasattr(given, "numel") else np.asarray(given).size
+        n_value = arr.numel() if where == "torch" else arr.size
+        if n_noise != n_value:
+            raise fail("standard_noise", f"{n_noise} entries", f"{n_value} entries, one per value")
+        gz = _np(given.detach() if hasattr(given, "detach") else given)
+        if gz.dtype.kind not in "iuf" or (gz.size and not np.isfinite(gz).all()):
+            raise fail("standard_noise", "a non-finite or non-real entry", "finite real noise")
+    bits = make_bits() if given is None else None
+    if where == "torch":
+        torch = sys.modules["torch"]
+        out_dtype = arr.dtype if arr.is_floating_point() else torch.float64
+        flat = arr.detach().reshape(-1)
+        if not flat.is_floating_point():
+            flat = flat.to(torch.float64)
+        ops = _kernel.Ops(torch)
+        if s == 0.0:
+            res = flat.to(out_dtype) + 0.0
+        else:
+            res = _release_flat(kind, flat, s, bits, offset, ops, out_dtype, flat.device, given)
+        return res.reshape(arr.shape)
+    out_np = arr.dtype if arr.dtype.kind == "f" else np.dtype(np.float64)
+    flat_np = np.ascontiguousarray(arr.reshape(-1))
+    if flat_np.dtype != out_np:
+        flat_np = flat_np.astype(np.float64)
+    if s == 0.0:
+        res_np = flat_np.astype(out_np) + out_np.type(0.0)
+    else:
+        torch, ops = _ops_for(arr)
+        if (torch is not None and flat_np.dtype != np.float16) or torch is None:
+            pass
+        if torch is not None:
+            t = torch.from_numpy(flat_np)
+            res_np = _release_flat(
+                kind, t, s, bits, offset, ops, getattr(torch, str(out_np)), None, given
+            ).numpy()
+        else:
+            res_np = _release_flat(kind, flat_np, s, bits, offset, ops, out_np, None, given)
+    res_np = res_np.reshape(arr.shape)
+    if arr.ndim == 0 and not isinstance(value, np.ndarray):
+        return float(res_np)
+    return res_np
+
+
+def _fresh_bits(kind: str, rng: Any, allow: bool) -> Any:
+    """The bits for a release with ``rng``: the keyed keystream under a fresh OS key for the
+    secure default, else the caller's word source (read in order)."""
+    words = resolve_source(rng, allow_predictable_noise=allow)
+    if rng is None:
+        return lambda: _CounterBits(os.urandom(32), kind, 0, 0)
+    return lambda: _SourceBits(words, kind)
+
+
+def gaussian(
+    value: Any, sigma: float, *, rng: Any = None, allow_predictable_noise: bool = False
+) -> Any:
+    """``value + N(0, sigma**2)`` per entry, released on the lattice ``lattice_step(sigma) Z``.
+
+    Same kind, shape, dtype (floats; integers give float64) and device as ``value``. Privacy:
+    the Gaussian mechanism's, exactly (post-processing), up to :func:`implementation_slack`.
+
+    >>> import numpy as np
+    >>> y = gaussian(np.zeros(4, dtype=np.float32), 2.0)
+    >>> y.dtype, bool(np.all(np.mod(y, 0.25) == 0))
+    (dtype('float32'), True)
+    """
+    s = _check_scale("sigma", sigma)
+    _check_value(value)
+    return _release("gaussian", value, s, _fresh_bits("gaussian", rng, allow_predictable_noise))
+
+
+def laplace(
+    value: Any, scale: float, *, rng: Any = None, allow_predictable_noise: bool = False
+) -> Any:
+    """``value + Laplace(scale)`` per entry, released on the lattice ``lattice_step(scale) Z``.
+
+    Privacy: the Laplace mechanism's (``Delta_1 / scale``-DP), up to
+    :func:`implementation_slack`.
+
+    >>> laplace(0.0, 1.0) % 0.125
+    0.0
+    """
+    s = _check_scale("scale", scale)
+    _check_value(value)
+    return _release("laplace", value, s, _fresh_bits("laplace", rng, allow_predictable_noise))
+
+
+def _raw_normals(bits: Any, first_value: int, n: int, xp: Any, device: Any = None) -> Any:
+    """``n`` float64 standard normals from the Gaussian bits (main words and level-1
+    extension words: 63-bit radius uniform, 64-bit angle uniform), values ``first_value`` on."""
+    u0 = first_value // 2
+    u1 = (first_value + n + 1) // 2
+    k = u1 - u0
+    if isinstance(bits, _CounterBits):
+        if xp is not np and device is not None and getattr(device, "type", "cpu") != "cpu":
+            main = bits.main_device(u0, k, xp, device).reshape(k, 2)
+            ext_words = (
+                bits._blocks(
+                    1, xp.arange(u0 // 8, (u1 + 7) // 8, dtype=xp.int64, device=device), xp
+                )
+                .reshape(-1)[2 * (u0 % 8) : 2 * (u0 % 8) + 2 * k]
+                .reshape(k, 2)
+            )
+        else:
+            main_np = np.frombuffer(bits.main_bytes(u0, k), dtype="<u4").astype(np.int64)
+            ext_np = np.frombuffer(bits._blocks_bytes(1, 8 * u0, 8 * k), dtype="<u4")
+            main = main_np.reshape(k, 2)
+            ext_words = ext_np.astype(np.int64).reshape(k, 2)
+            if xp is not np:
+                main, ext_words = xp.from_numpy(main), xp.from_numpy(ext_words)
+    else:
+        main_np = np.frombuffer(bits.main_bytes(u0, k), dtype="<u4").astype(np.int64)
+        e1, e2 = bits.ext(1, np.arange(u0, u1))
+        main = main_np.reshape(k, 2)
+        ext_words = np.stack([e1, e2], axis=1)
+        if xp is not np:
+            main, ext_words = xp.from_numpy(main), xp.from_numpy(ext_words)
+    c1 = (main[:, 0] & 0x7FFFFFFF) * 2.0**32 + ext_words[:, 0] + 0.5  # rounded to 53 bits
+    a2 = (main[:, 1] & 0xFFFFFFFF) * 2.0**32 + ext_words[:, 1] + 0.5
+    r = xp.sqrt(-2.0 * xp.log(c1 * 2.0**-63))
+    theta = a2 * (2.0 * math.pi * 2.0**-64)
+    z = xp.stack([r * xp.cos(theta), r * xp.sin(theta)], 1).reshape(-1)
+    start = first_value - 2 * u0
+    return z[start : start + n]
+
+
+def standard_normal(
+    n: int, *, rng: Any = None, allow_predictable_noise: bool = False, torch_kernel: bool = False
+) -> Any:
+    """``n`` raw standard normals (float64), from the bits :func:`gaussian` uses: NOT for release
+    on their own (their low bits leak); pass them, shaped as needed, to :func:`snap`.
+    ``torch_kernel=True`` returns a torch tensor (CPU).
+
+    >>> standard_normal(3).shape
+    (3,)
+    """
+    n = check_int("n", n, 0)
+    make = _fresh_bits("gaussian", rng, allow_predictable_noise)
+    if torch_kernel:
+        import torch
+
+        return _raw_normals(make(), 0, n, torch)
+    return np.asarray(_raw_normals(make(), 0, n, np), dtype=np.float64)
+
+
+def snap(value: Any, standard_noise: Any, sigma: float) -> Any:
+    """``value + sigma * standard_noise`` released on the lattice ``lattice_step(sigma) Z``,
+    for noise the caller has shaped itself (e.g. the correlated noise rows of
+    :mod:`renyi.dpsgd.correlated`, linear combinations of fresh normals).
+
+    The index is exactly ``round(value/g + (sigma/g) z)`` for the caller's float64 ``z``
+    (recomputed in rationals near a boundary), the output canonical as for :func:`gaussian`;
+    the randomness and the privacy of ``z`` are the caller's. ``standard_noise`` has
+    ``value``'s number of entries and must be finite.
+
+    >>> snap(1.0, 0.3, 1.0)
+    1.25
+    """
+    s = _check_scale("sigma", sigma)
+    _check_value(value)
+    return _release("gaussian", value, s, None, given=standard_noise)
+
+
+def gaussian_noise(
+    shape: int | tuple[int, ...],
+    sigma: float,
+    *,
+    rng: Any = None,
+    like: Any = None,
+    allow_predictable_noise: bool = False,
+) -> Any:
+    """A released pure-noise array: :func:`gaussian` of zeros of ``shape`` (numpy float64,
+    or a tensor with ``like``'s dtype and device when ``like`` is a torch tensor).
+
+    >>> gaussian_noise((2, 3), 1.0).shape
+    (2, 3)
+    """
+    shp = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
+    if any(int(n) < 0 for n in shp):
+        raise fail("shape", shape, "non-negative dimensions")
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(like, torch.Tensor):
+        zeros: Any = torch.zeros(shp, dtype=like.dtype, device=like.device)
+    else:
+        zeros = np.zeros(shp, dtype=np.float64)
+    return gaussian(zeros, sigma, rng=rng, allow_predictable_noise=allow_predictable_noise)
+
+
+# ------------------------------------------------------------------------- counter noise
+class CounterNoise:
+    """Keyed, counter-based noise: the releases of :func:`gaussian` / :func:`laplace` with bits
+    that are a deterministic function of a secret 256-bit key and ``(stream, step, offset)``.
+
+    Entry ``i`` of a call uses the bits of global position ``offset + i`` of the keystream of
+    ``(stream, step)`` (ChaCha20, RFC 8439; layout in ``docs/noise.md``): disjoint offset ranges
+    are disjoint slices (distributed ranks draw their shares without talking), and the same
+    ``(stream, step, range)`` regenerates the same noise (correlated-noise optimisers keep no
+    past noise; checkpoints keep only the key). **Never release twice with the same counters**:
+    the noise would repeat. ``stream`` is in ``[0, 2**24)``, ``step`` in ``[0, 2**64)``, and one
+    ``(stream, step)`` holds ``2**36`` values.
+
+    ``key=None`` draws a fresh key from the OS. :meth:`state_dict` holds the key: keep it as
+    secret as the data (whoever has it can subtract the noise).
+
+    >>> cn = CounterNoise(bytes(32))
+    >>> z = cn.standard_normal((2, 3), stream=1, step=0)
+    >>> z.shape, bool((cn.standard_normal(6, stream=1, step=0) == z.reshape(-1)).all())
+    ((2, 3), True)
+    """
+
+    def __init__(self, key: bytes | None = None) -> None:
+        if key is None:
+            key = os.urandom(32)
+        if not isinstance(key, bytes | bytearray) or len(key) != 32:
+            raise fail("key", "a key of another kind or length", "32 bytes (256 bits)")
+        self._key = bytes(key)
+
+    def __repr__(self) -> str:
+        return "CounterNoise(key=<secret>)"
+
+    @staticmethod
+    def _counters(stream: Any, step: Any, offset: Any, n: int) -> tuple[int, int, int]:
+        st = check_int("stream", stream, 0)
+        if st >= _MAX_STREAM:
+            raise fail("stream", stream, "an integer in [0, 2**24)")
+        sp = check_int("step", step, 0)
+        if sp >= 1 << 64:
+            raise fail("step", step, "an integer in [0, 2**64)")
+        off = check_int("offset", offset, 0)
+        if off + n > _MAX_VALUES:
+            raise fail("offset", offset, "offset + number of values <= 2**36 per (stream, step)")
+        return st, sp, off
+
+    def _numel(self, value: Any) -> int:
+        return int(value.numel()) if hasattr(value, "numel") else int(np.asarray(value).size)
+
+    def gaussian(self, value: Any, sigma: float, *, stream: int, step: int, offset: int = 0) -> Any:
+        """:func:`gaussian` with the noise of ``(stream, step)`` at ``offset, offset + 1, ...``."""
+        s = _check_scale("sigma", sigma)
+        _check_value(value)
+        st, sp, off = self._counters(stream, step, offset, self._numel(value))
+        key = self._key
+        return _release("gaussian", value, s, lambda: _CounterBits(key, "gaussian", st, sp), off)
+
+    def laplace(self, value: Any, scale: float, *, stream: int, step: int, offset: int = 0) -> Any:
+        """:func:`laplace` with the noise of ``(stream, step)`` at ``offset, offset + 1, ...``."""
+        s = _check_scale("scale", scale)
+        _check_value(value)
+        st, sp, off = self._counters(stream, step, offset, self._numel(value))
+        key = self._key
+        return _release("laplace", value, s, lambda: _CounterBits(key, "laplace", st, sp), off)
+
+    def standard_normal(
+        self,
+        shape: int | tuple[int, ...],
+        *,
+        stream: int,
+        step: int,
+        offset: int = 0,
+        like: Any = None,
+    ) -> Any:
+        """Raw float64 normals of ``shape``: entry ``i`` is a function of ``(key, stream, step,
+        offset + i)`` alone (the same bits as :meth:`gaussian` with these counters; float64
+        Box-Muller from a 63-bit radius and a 64-bit angle uniform, accurate to a few ulp).
+        NOT for release on their own: shape them and release with :func:`snap`. With a torch
+        ``like``: a float64 tensor on ``like``'s device (on CUDA computed there)."""
+        shp = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
+        if any(int(d) < 0 for d in shp):
+            raise fail("shape", shape, "non-negative dimensions")
+        n = math.prod(int(d) for d in shp)
+        st, sp, off = self._counters(stream, step, offset, n)
+        bits = _CounterBits(self._key, "gaussian", st, sp)
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(like, torch.Tensor):
+            z = _raw_normals(bits, off, n, torch, like.device)
+            return z.reshape(shp)
+        return np.asarray(_raw_normals(bits, off, n, np), dtype=np.float64).reshape(shp)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"kind": "renyi.noise.CounterNoise", "version": 1, "key": hex}``: SECRET."""
+        return {"kind": "renyi.noise.CounterNoise", "version": 1, "key": self._key.hex()}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> CounterNoise:
+        """The generator of :meth:`state_dict` (the same key: the same noise)."""
+        if (
+            not isinstance(state, dict)
+            or state.get("kind") != "renyi.noise.CounterNoise"
+            or state.get("version") != 1
+        ):
+            raise fail("state", "another object", "a CounterNoise.state_dict()")
+        try:
+            key = bytes.fromhex(state["key"])
+        except (KeyError, TypeError, ValueError):
+            raise fail("state['key']", "not a hex key", "64 hex digits") from None
+        return cls(key)
