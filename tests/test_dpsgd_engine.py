@@ -21,7 +21,7 @@ from renyi.dpsgd import (  # noqa: E402
     UnclippedGradientError,
 )
 from renyi.dpsgd.engine import _make_capture  # noqa: E402
-from renyi.errors import InsecureRandomnessWarning, PrivacyParameterError  # noqa: E402
+from renyi.errors import InsecureRandomnessWarning, PrivacyParameterError, RenyiError  # noqa: E402
 from renyi.events import GaussianEvent, PoissonSampledEvent  # noqa: E402
 
 
@@ -185,8 +185,15 @@ def test_model_called_twice_in_one_step_is_refused() -> None:
     x, y = loader.dataset.tensors
     optimizer.zero_grad()
     loss = nn.CrossEntropyLoss()(model(x[:4]), y[:4]) + nn.CrossEntropyLoss()(model(x[:4]), y[:4])
-    loss.backward()
-    with pytest.raises(PrivacyParameterError, match="reached by backward 2 times"):
+    with pytest.raises(PrivacyParameterError, match="computed from 2 forward passes"):
+        loss.backward()  # refused before any gradient is computed
+    with pytest.raises(RenyiError):  # nothing captured: refused
+        optimizer.step()
+    assert optimizer.steps_taken == 0
+    optimizer.zero_grad()  # two forward passes, two backward passes, one step: refused too
+    nn.CrossEntropyLoss()(model(x[:4]), y[:4]).backward()
+    nn.CrossEntropyLoss()(model(x[:4]), y[:4]).backward()
+    with pytest.raises(PrivacyParameterError, match="2 forward passes of the module"):
         optimizer.step()
     assert optimizer.steps_taken == 0
 

@@ -50,14 +50,25 @@ Example:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.graph import get_gradient_edge
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from renyi._validation import fail
 from renyi.dpsgd.clipping import ClippedGradientEngine, Clipping, Mode, _Recording, _sq_norms
+from renyi.dpsgd.grad_sample import UnsupportedModelError
+from renyi.dpsgd.independence import CheckSchedule
+from renyi.dpsgd.loss_graph import (
+    SeamInfo,
+    TracedOutput,
+    UnsupportedLossError,
+    register_seams,
+    release_seams,
+)
 from renyi.errors import RenyiError
 
 __all__ = ["MissingGradientError", "PerExampleCapture"]
@@ -81,32 +92,114 @@ def _outputs(out: Any) -> list[Tensor]:
     return []
 
 
+def _map_outputs(out: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    """``out`` with every tensor ``t`` replaced by ``fn(t)`` (tuples, named tuples, lists,
+    dicts and dict-like model outputs such as Hugging Face's ``ModelOutput``, in place for
+    the latter so that their class and attributes stay)."""
+    if isinstance(out, Tensor):
+        return fn(out)
+    if isinstance(out, tuple) and hasattr(out, "_fields"):
+        return type(out)(*(_map_outputs(o, fn) for o in out))
+    if isinstance(out, tuple | list):
+        return type(out)(_map_outputs(o, fn) for o in out)
+    if isinstance(out, dict):
+        if type(out) is dict:
+            return {k: _map_outputs(v, fn) for k, v in out.items()}
+        for k in list(out.keys()):
+            out[k] = _map_outputs(out[k], fn)
+        return out
+    return out
+
+
+def _batched(t: Tensor, batch: int) -> bool:
+    return t.is_floating_point() and t.ndim > 0 and int(t.shape[0]) == batch
+
+
 def _inner_product(outputs: Any, grad_outputs: Tensor) -> Tensor:
-    """Per-example objective ``<y_i, g_i>`` over all tensor outputs (flattened, concatenated):
-    its gradient is example ``i``'s gradient when ``g_i = dL_i/dy_i``."""
-    outs = [o for o in _outputs(outputs) if o.is_floating_point()]
-    flat = torch.cat([o.reshape(o.shape[0], -1) for o in outs], dim=1)
+    """Per-example objective ``<y_i, g_i>`` over the batched outputs (flattened,
+    concatenated): its gradient is example ``i``'s gradient when ``g_i = dl_i/dy_i``."""
+    first = [o for o in _outputs(outputs) if o.is_floating_point() and o.ndim > 0]
+    batch = int(grad_outputs.shape[0])
+    outs = [o for o in first if o.requires_grad and int(o.shape[0]) == batch]
+    flat = torch.cat([o.reshape(batch, -1) for o in outs], dim=1)
     return (flat * grad_outputs.to(flat.dtype)).sum(dim=1)
 
 
-class _Pending:
-    """One recorded forward pass of the root module, waiting for its backward."""
+class _Call:
+    """The model's call on a batch, with the batched tensors (dim 0 = batch, anywhere in the
+    positional or keyword arguments, nested or not) exchangeable for a slice of them."""
 
-    def __init__(self, rec: _Recording, args: tuple[Any, ...], batch: int) -> None:
-        self.rec, self.args, self.batch = rec, args, batch
+    def __init__(
+        self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], batch: int
+    ) -> None:
+        leaves, self.spec = tree_flatten((args, kwargs))
+        self.model, self.leaves = model, [_detach(v) for v in leaves]
+        self.where = [
+            i
+            for i, v in enumerate(self.leaves)
+            if isinstance(v, Tensor) and v.ndim > 0 and int(v.shape[0]) == batch
+        ]
+
+    @property
+    def inputs(self) -> tuple[Tensor, ...]:
+        return tuple(self.leaves[i] for i in self.where)
+
+    def __call__(self, inputs: tuple[Tensor, ...]) -> Any:
+        leaves = list(self.leaves)
+        for i, v in zip(self.where, inputs, strict=True):
+            leaves[i] = v
+        args, kwargs = tree_unflatten(leaves, self.spec)
+        return self.model(*args, **kwargs)
+
+
+def _detach(v: Any) -> Any:
+    return v.detach() if isinstance(v, Tensor) else v
+
+
+class _Pending:
+    """One recorded forward pass of the root module, waiting for its backward.
+
+    The owner of its outputs' seams in :mod:`renyi.dpsgd.loss_graph`: the seeded backward of
+    the loss marks the recording while it runs (``begin_seeded``/``end_seeded``).
+    """
+
+    def __init__(
+        self, capture: PerExampleCapture, rec: _Recording, call: _Call, batch: int
+    ) -> None:
+        self.capture, self.rec, self.call, self.batch = capture, rec, call, batch
         self.out_slots: list[tuple[int, tuple[int, ...]]] = []
+        self.closed = False
+
+    def probe_due(self) -> bool:
+        return self.capture._probe_due()
+
+    def record_probe(self, seconds: float) -> None:
+        self.capture._probe_schedule.record_check(seconds)
+
+    def begin_seeded(self) -> None:
+        self.rec.seeding = True
+
+    def end_seeded(self) -> None:
+        self.rec.seeding = False
+
+    def begin_probe(self) -> None:
+        self.rec.probing = True
+
+    def end_probe(self) -> None:
+        self.rec.probing = False
 
 
 class PerExampleCapture:
     """Hooks that turn a plain ``loss.backward()`` into per-example clipped gradient sums.
 
     Args:
-        model: the model; its forward's first tensor argument (and every tensor output) is
-            batched along dim 0.
+        model: the model; its forward's batched tensors (positional or keyword, nested or
+            not) and its floating-point outputs are batched along dim 0.
         max_grad_norm, clipping, mode, gamma, self_check, check_budget: as for
             :class:`~renyi.dpsgd.clipping.ClippedGradientEngine`.
-        loss_reduction: ``"mean"`` (default, as Opacus) or ``"sum"``: how the user's loss
-            combines per-example losses.
+        loss_reduction: accepted for Opacus compatibility (``"mean"`` or ``"sum"``); how the
+            loss combines per-example terms is read from its graph
+            (:mod:`renyi.dpsgd.loss_graph`).
 
     Raises:
         UnsupportedModelError: as the engine (layers that mix examples, ...).
@@ -143,8 +236,14 @@ class PerExampleCapture:
         self._pending: _Pending | None = None
         self._sums: dict[str, Tensor] | None = None
         self._count = 0
+        self._forwards = 0
         self._norms: list[Tensor] = []
         self._captured = False
+        self._error: RenyiError | None = None
+        self._closed: list[_Pending] = []
+        #: Forward passes (with a backward) in the sums of the last :meth:`pop_clipped_sum`.
+        self.last_forwards = 0
+        self._probe_schedule = CheckSchedule(budget=check_budget)
         self._cm = self.engine._recording(hooks=True)
         self._holder = self._cm.__enter__()
         self._holder[0].active = False
@@ -182,15 +281,31 @@ class PerExampleCapture:
         """Clipped sums of everything captured since the last pop (or :meth:`zero_grad`).
 
         Returns:
-            ``(sums, n, norms)`` (see the module docstring).
+            ``(sums, n, norms)`` (see the module docstring); :attr:`last_forwards` is then
+            the number of forward passes (with a backward) they came from.
 
         Raises:
             MissingGradientError: no forward and backward pass captured.
+            UnsupportedLossError: a backward that did not go through the loss analysis (e.g.
+                ``torch.autograd.grad``), or one that reached a finished forward pass.
             ExampleMixingError, UnsupportedModelError: the independence check refused the
                 model (nothing is returned).
             NonFiniteGradientError: a non-finite per-example gradient norm.
         """
-        self._finish_pending()
+        try:
+            self._finish_pending()
+            late = any(p.rec.late for p in self._closed)
+            if self._error is not None:
+                raise self._error
+            if late:
+                raise UnsupportedLossError(
+                    "a backward pass reached an output of a forward pass after the next "
+                    "forward pass of the model had started (or after step()): call backward "
+                    "before the next forward; nothing was released"
+                )
+        except RenyiError:
+            self._reset()
+            raise
         if not self._captured or self._sums is None:
             self._reset()
             raise MissingGradientError(
@@ -198,20 +313,26 @@ class PerExampleCapture:
                 "call loss.backward() on a loss computed from the model's output (with "
                 "gradients enabled) before optimizer.step(); nothing was released"
             )
-        sums, n = self._sums, self._count
+        sums, n, forwards = self._sums, self._count, self._forwards
         first = next(iter(self.engine._params.values()))
         norms = torch.cat(self._norms) if self._norms else torch.zeros(0, device=first.device)
         self._reset()
+        self.last_forwards = forwards
         return sums, n, norms
 
     def zero_grad(self) -> None:
         """Drop everything captured (pending and accumulated)."""
+        if self._pending is not None:
+            self._close(self._pending)
         self._pending = None
         self._holder[0].active = False
         self._reset()
 
     def remove(self) -> None:
         """Remove the hooks (and the decomposed forwards) from the model."""
+        if self._pending is not None:
+            self._close(self._pending)
+            self._pending = None
         for h in self._handles:
             h.remove()
         self._handles = []
@@ -222,78 +343,128 @@ class PerExampleCapture:
         if self._busy or not torch.is_grad_enabled():
             return
         self._finish_pending()
-        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, Tensor)]
+        leaves = tree_flatten((args, kwargs))[0]
+        tensors = [a for a in leaves if isinstance(a, Tensor)]
         if not tensors or tensors[0].ndim == 0:
             raise fail("model input", type(args).__name__, "a tensor batched along dim 0")
+        batch = int(tensors[0].shape[0])
         rec = _Recording(self.engine._layers, hooks=True)
         self._holder[0] = rec
-        detached = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
-        self._pending = _Pending(rec, detached, int(tensors[0].shape[0]))
+        self._pending = _Pending(self, rec, _Call(module, args, kwargs, batch), batch)
 
     def _after(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
-    ) -> None:
+    ) -> Any:
         pending, rec = self._pending, self._holder[0]
         if self._busy or pending is None or pending.rec is not rec or not rec.active:
-            return
+            return None
         rec.active = False  # later calls of submodules alone are not part of this batch
+        seams: dict[Any, SeamInfo] = {}
         for o in _outputs(output):
-            if o.requires_grad and o.is_floating_point():
+            if o.requires_grad and _batched(o, pending.batch) and o.grad_fn is not None:
                 pending.out_slots.append((rec.register(o), tuple(o.shape)))
+                seams[o.grad_fn] = SeamInfo(pending, pending.batch, get_gradient_edge(o))
+        register_seams(seams)
+        return _map_outputs(output, _traced)
 
     # ------------------------------------------------------------------ internals
+    def _probe_due(self) -> bool:
+        return self.engine.self_check and self._probe_schedule.due()
+
     def _reset(self) -> None:
         self._sums, self._count, self._norms, self._captured = None, 0, [], False
+        self._forwards, self._error = 0, None
+        for pending in self._closed:
+            release_seams(pending)
+        self._closed = []
+
+    def _close(self, pending: _Pending) -> None:
+        """The forward pass is over: its activations are dropped; a backward reaching it
+        later is refused (by the loss analysis, which still sees its outputs until the next
+        step, or through ``rec.late``)."""
+        rec = pending.rec
+        rec.active = False
+        rec.closed = True
+        rec.records = {}
+        rec.recorders = {}
+        pending.closed = True
+        self._closed.append(pending)
 
     def _finish_pending(self) -> None:
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        pending.rec.active = False
-        if not pending.rec.backward_seen:
-            return  # a forward pass without backward: nothing to release
-        self._busy = True
+        rec = pending.rec
+        rec.active = False
         try:
-            sums, norms = self._clipped(pending)
+            if not rec.backward_seen or self._error is not None:
+                return  # a forward pass without backward: nothing to release
+            if rec.unanalysed:
+                self._error = UnsupportedLossError(
+                    "a backward pass reached the model's output without going through "
+                    "renyi's per-example loss analysis (torch.autograd.grad, or a loss "
+                    "computed from a copy of the output that is not a torch tensor operation "
+                    "on it): call loss.backward() on the loss computed from the returned "
+                    "output; nothing was released"
+                )
+                return
+            self._busy = True
+            try:
+                sums, norms = self._clipped(pending)
+            except RenyiError as exc:
+                self._error = exc
+                return
+            finally:
+                self._busy = False
+            if self._sums is None:
+                self._sums = sums
+            else:
+                self._sums = {n: self._sums[n] + v for n, v in sums.items()}
+            self._count += pending.batch
+            self._forwards += 1
+            self._norms.append(norms.detach())
+            self._captured = True
         finally:
-            self._busy = False
-        if self._sums is None:
-            self._sums = sums
-        else:
-            self._sums = {n: self._sums[n] + v for n, v in sums.items()}
-        self._count += pending.batch
-        self._norms.append(norms.detach())
-        self._captured = True
+            self._close(pending)
 
     def _clipped(self, pending: _Pending) -> tuple[dict[str, Tensor], Tensor]:
         engine, rec, batch = self.engine, pending.rec, pending.batch
         if batch == 0:
             sums, _, norms = engine._empty()
             return sums, norms
-        scale = float(batch) if self.loss_reduction == "mean" else 1.0
-        if scale != 1.0:
-            rec.grads = [None if g is None else g * scale for g in rec.grads]
         gy = self._output_grads(pending)
         holder_before = self._holder[0]
         self._holder[0] = _Recording(engine._layers, hooks=False)
         self._holder[0].active = False  # the check's own forwards are not captured
+        engine.call = pending.call
         try:
+            inputs = pending.call.inputs
             if engine.mode == "vmap":
-                inputs = pending.args if len(pending.args) > 1 else pending.args[0]
-                sums, _, norms = engine.clipped_grad_sum(inputs, gy)
+                if list(pending.call.where) != list(range(len(inputs))) or len(
+                    pending.call.leaves
+                ) != len(inputs):
+                    raise UnsupportedModelError(
+                        "whole-model vmap (mode 'vmap') on the backward-capture path needs "
+                        "the model called with its batched tensors as positional arguments "
+                        "only"
+                    )
+                sums, _, norms = engine.clipped_grad_sum(
+                    inputs if len(inputs) > 1 else inputs[0], gy
+                )
                 return sums, norms
-            args = pending.args
             start = time.perf_counter()
             if engine.self_check and engine.schedule.due():
-                engine._self_check(args if len(args) > 1 else args[0], gy, batch)
+                engine._self_check(inputs, gy, batch)
                 engine.schedule.record_check(time.perf_counter() - start)
                 start = time.perf_counter()
             by_layer = engine._collect(rec, batch)
             sq = _sq_norms(by_layer)
             engine.schedule.record_step(time.perf_counter() - start)
+            self._probe_schedule.record_step(time.perf_counter() - start)
             sums, norms = engine._clip_and_sum(by_layer, {n: sq[n] for n in engine._params})
             return sums, norms
         finally:
+            engine.call = None
             self._holder[0] = holder_before
 
     def _output_grads(self, pending: _Pending) -> Tensor:
@@ -306,5 +477,14 @@ class PerExampleCapture:
                 g = torch.zeros(shape)
             parts.append(g.reshape(pending.batch, -1))
         if not parts:
-            raise MissingGradientError("the model's output does not require grad: nothing to clip")
+            raise MissingGradientError(
+                "the model's output has no floating-point tensor batched along dim 0 that "
+                "requires grad: nothing to clip"
+            )
         return torch.cat([p.to(parts[0].dtype) for p in parts], dim=1)
+
+
+def _traced(t: Tensor) -> Tensor:
+    if t.requires_grad and t.is_floating_point() and not isinstance(t, TracedOutput):
+        return t.as_subclass(TracedOutput)
+    return t

@@ -176,6 +176,14 @@ class _Recording:
         self.grads: list[Tensor | None] = []
         self.backward_seen = False
         self.active = True  # capture mode: only during the root module's forward
+        # capture mode: set while renyi's seeded backward of the loss runs (a backward
+        # without it did not go through renyi.dpsgd.loss_graph), while the loss check's own
+        # probe runs (ignored), and once the forward pass is finished (a later backward)
+        self.seeding = False
+        self.probing = False
+        self.closed = False
+        self.unanalysed = False
+        self.late = False
 
     def register(self, t: Tensor) -> int:
         slot = len(self.grads)
@@ -183,6 +191,13 @@ class _Recording:
         if self.hooks:
 
             def hook(g: Tensor) -> None:
+                if self.probing:
+                    return
+                if self.closed:
+                    self.late = True
+                    return
+                if not self.seeding:
+                    self.unanalysed = True
                 self.backward_seen = True
                 old = self.grads[slot]
                 self.grads[slot] = g if old is None else old + g
@@ -323,6 +338,12 @@ class ClippedGradientEngine:
         self.self_check = bool(self_check)
         self.schedule = CheckSchedule(budget=budget)
         self._requested = mode
+        #: How the model is called on (a slice of) the batched inputs: ``model(*inputs)``
+        #: unless the capture path sets it (keyword arguments, nested inputs).
+        self.call: Callable[[tuple[Tensor, ...]], Any] | None = None
+
+    def _call(self, args: tuple[Any, ...]) -> Any:
+        return self.model(*args) if self.call is None else self.call(args)
 
     # ------------------------------------------------------------------ set-up
     def _check_max_grad_norm(self, value: Any) -> float | dict[str, float]:
@@ -620,7 +641,7 @@ class ClippedGradientEngine:
         args = inputs if isinstance(inputs, tuple) else (inputs,)
         with torch.enable_grad():  # also inside a caller's torch.no_grad()
             with self._recording(hooks=False) as holder:
-                outputs = self.model(*args)
+                outputs = self._call(args)
             rec = holder[0]
             losses = per_example_losses(self.loss_fn, outputs, targets)
             check_finite_losses(losses)
@@ -740,7 +761,7 @@ class ClippedGradientEngine:
                 onehot[j] = 1.0
                 got = self._weighted(by_layer, dict.fromkeys(self._params, onehot))
                 with torch.enable_grad():
-                    out = model(*(a[j : j + 1] for a in sub))
+                    out = self._call(tuple(a[j : j + 1] for a in sub))
                     loss = per_example_losses(self.loss_fn, out, sub_y[j : j + 1]).sum()
                     ref = torch.autograd.grad(loss, params, allow_unused=True)
                 want = {
@@ -754,8 +775,8 @@ class ClippedGradientEngine:
                 return
             where = locate_mixing(
                 model,
-                lambda: model(*sub),
-                lambda j: model(*(a[j : j + 1] for a in sub)),
+                lambda: self._call(sub),
+                lambda j: self._call(tuple(a[j : j + 1] for a in sub)),
                 k,
                 tol=tol,
             )

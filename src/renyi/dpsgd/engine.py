@@ -153,24 +153,17 @@ class _OneForwardPerStep:
 
     The capture sums every captured forward/backward before ``step()`` (micro-batches). With
     the engine's Poisson loader one step is one batch, and two captured forwards in a step
-    are most often the *same* examples twice (a module called twice in one loss, two
-    augmentations, a repeated backward), which would clip each example's gradient twice:
-    sensitivity 2C against noise for C. So, as Opacus refuses gradient accumulation under
-    Poisson sampling, a step whose backward reached the module's output more than once is
-    refused (use ``optimizer.accumulate(inputs, targets)`` per micro-batch instead).
+    are most often the *same* examples twice (two augmentations, a repeated forward and
+    backward), which would clip each example's gradient twice: sensitivity 2C against noise
+    for C. So, as Opacus refuses gradient accumulation under Poisson sampling, a step whose
+    sums come from more than one forward pass with a backward is refused (use
+    ``optimizer.accumulate(inputs, targets)`` per micro-batch, or ``BatchMemoryManager``).
+    Forward passes without a backward (evaluation, an accuracy computed with gradients
+    enabled) are not counted: they release nothing.
     """
 
     def __init__(self, capture: Any, module: nn.Module) -> None:
         self.capture = capture
-        self._reached = 0
-        self._handle = module.register_forward_hook(self._post)
-
-    def _post(self, module: nn.Module, args: Any, output: Any) -> None:
-        if torch.is_grad_enabled() and isinstance(output, Tensor) and output.requires_grad:
-            output.register_hook(self._count)
-
-    def _count(self, grad: Tensor) -> None:
-        self._reached += 1
 
     @property
     def sensitivity(self) -> float:
@@ -185,25 +178,22 @@ class _OneForwardPerStep:
         self.capture.max_grad_norm = value
 
     def pop_clipped_sum(self) -> tuple[dict[str, Tensor], int, Tensor]:
-        reached, self._reached = self._reached, 0
-        if reached > 1:
-            self.capture.zero_grad()
-            raise UnsupportedModelError(
-                f"the module's output was reached by backward {reached} times in one step (the "
-                "module called several times in a loss, or several backward passes): the "
-                "examples of the calls cannot be told apart, so one example's gradient could "
-                "be clipped more than once; use one forward and one backward per step (for "
-                "micro-batches call optimizer.accumulate(inputs, targets) per micro-batch)"
-            )
         result: tuple[dict[str, Tensor], int, Tensor] = self.capture.pop_clipped_sum()
+        forwards = int(self.capture.last_forwards)
+        if forwards > 1:
+            raise UnsupportedModelError(
+                f"{forwards} forward passes of the module, each with a backward, in one step: "
+                "the examples of the passes cannot be told apart, so one example's gradient "
+                "could be clipped more than once; use one forward and one backward per step "
+                "(for micro-batches call optimizer.accumulate(inputs, targets) per "
+                "micro-batch, or use BatchMemoryManager); nothing was released"
+            )
         return result
 
     def zero_grad(self) -> None:
-        self._reached = 0
         self.capture.zero_grad()
 
     def remove(self) -> None:
-        self._handle.remove()
         self.capture.remove()
 
     cleanup = remove

@@ -159,7 +159,10 @@ def per_example_losses(loss_fn: LossFn | nn.Module, outputs: Tensor, targets: Te
     Raises:
         UnsupportedModelError: if the loss does not give exactly one value per example.
     """
-    batch = int(outputs.shape[0]) if outputs.ndim > 0 else -1
+    if isinstance(outputs, Tensor):
+        batch = int(outputs.shape[0]) if outputs.ndim > 0 else -1
+    else:  # a model returning a tuple or dict of outputs: one loss per target
+        batch = int(targets.shape[0]) if isinstance(targets, Tensor) and targets.ndim else -1
     if isinstance(loss_fn, nn.modules.loss._Loss):
         fn, reduction = _none_reduction(loss_fn)
         losses = fn(outputs, targets)

@@ -1,0 +1,96 @@
+"""Hugging Face models' built-in losses on the ``loss.backward()`` path.
+
+``outputs = model(input_ids=..., attention_mask=..., labels=...)``;
+``outputs.loss.backward()``: the causal-LM loss averages over the batch's non-ignored tokens
+(``ForCausalLMLoss``), the sequence-classification loss over the batch. Leave-one-out
+sensitivity of the released clipped sum (noise off, dropout 0) must be at most ``C``
+(``C`` = median per-example norm, so that about half of the examples are not clipped).
+Models are built from small configs with random weights: nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from renyi.dpsgd.capture import PerExampleCapture  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+B, T, VOCAB = 6, 7, 40
+
+
+def _released(model: Any, cap: PerExampleCapture, batch: dict[str, Any]) -> tuple[Any, Any]:
+    model(**batch).loss.backward()
+    sums, n, norms = cap.pop_clipped_sum()
+    assert n == batch["input_ids"].shape[0]
+    return torch.cat([v.double().flatten() for v in sums.values()]), norms
+
+
+def leave_one_out(model: Any, batch: dict[str, Any]) -> float:
+    cap = PerExampleCapture(model, max_grad_norm=1e6)
+    try:
+        _, norms = _released(model, cap, batch)
+        c = float(norms.double().median())
+        cap.max_grad_norm = c
+        full, _ = _released(model, cap, batch)
+        worst = 0.0
+        for j in range(B):
+            keep = torch.tensor([i for i in range(B) if i != j])
+            part, _ = _released(model, cap, {k: v[keep] for k, v in batch.items()})
+            worst = max(worst, float((full - part).norm()) / c)
+    finally:
+        cap.remove()
+    return worst
+
+
+def _batch(labels: Any) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, VOCAB, (B, T), generator=g)
+    mask = torch.ones(B, T, dtype=torch.long)
+    for i in range(B):
+        mask[i, T - i :] = 0  # right padding, 0..5 pad tokens
+    out = {"input_ids": ids, "attention_mask": mask}
+    if labels == "lm":
+        lab = ids.clone()
+        lab[mask == 0] = -100
+        out["labels"] = lab
+    else:
+        out["labels"] = torch.randint(0, 2, (B,), generator=g)
+    return out
+
+
+def _gpt2(kind: str) -> Any:
+    cfg = transformers.GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=16,
+        n_embd=16,
+        n_layer=2,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if kind == "lm":
+            model = transformers.GPT2LMHeadModel(cfg)
+        else:
+            model = transformers.GPT2ForSequenceClassification(cfg)
+    # position embeddings are called on [1, T] positions shared by the batch: frozen here
+    model.transformer.wpe.weight.requires_grad_(False)
+    return model.double()
+
+
+@pytest.mark.parametrize("kind", ["lm", "cls"])
+def test_gpt2_built_in_losses_leave_one_out_at_most_c(kind: str) -> None:
+    model = _gpt2(kind)
+    assert leave_one_out(model, _batch(kind)) <= 1.0
