@@ -28,9 +28,12 @@ This module replaces the batch normalisation by a per-example one, from the grap
    *counted* terms for a mean (counted: not ``ignore_index``; the class or element weights
    stay on the terms, so ``CrossEntropyLoss(weight=w)`` gives ``w[y_i] l_i``); a sum followed
    by a division by its own count (``loss.sum() / mask.sum()``, ``/ num_items_in_batch``,
-   label smoothing's smoothing term) is a mean. ``rho_R`` is R's constant factor relative
-   to the largest one: the overall scale of the loss and every division by a batch quantity
-   are dropped (the clipped sum is divided by the *expected* batch size later, as always).
+   label smoothing's smoothing term) is a mean. ``rho_R`` is the product of the factors
+   the loss is *multiplied* by on the way from R (constants such as label smoothing's
+   ``1 - eps``, a weight of an auxiliary loss, a ``GradScaler``'s loss scale); every
+   *division* of the reduced loss is dropped, because any of them may be a batch quantity
+   (``/ B``, ``/ num_items_in_batch``, ``/ gradient_accumulation_steps`` too: DP-SGD divides
+   the clipped sum by the *expected* batch size later, as always).
 4. The backward runs from the reductions' inputs, seeded with ``d l_i / d term``: the
    scalar part never runs, so nothing computed from the whole batch reaches the model, and
    no ``1/B`` is ever rounded. The per-example gradient at every layer is that of ``l_i``.
@@ -373,7 +376,7 @@ class Reduction:
     """One reduction of per-element terms into the scalar loss.
 
     ``name``: the autograd node; ``mode``: ``"sum"`` or ``"mean"`` (per example, over its
-    counted terms); ``rho``: its relative constant factor; ``shape``: the terms' shape.
+    counted terms); ``rho``: its constant factor; ``shape``: the terms' shape.
     """
 
     node: Any
@@ -610,11 +613,9 @@ def analyse_loss(roots: Sequence[Tensor], seams: Mapping[Any, SeamInfo]) -> Loss
     _share_masks(reductions)
     for r in reductions:
         _finish(r, paths[r.node])
-    biggest = max((abs(r.rho) for r in reductions), default=0.0)
-    if biggest == 0.0 or not math.isfinite(biggest):
-        raise _fix("constant factor 0 or not finite", "is multiplied by zero or a non-number")
+    if not all(math.isfinite(r.rho) for r in reductions):
+        raise _fix("a factor that is not finite", "is multiplied by infinity or NaN")
     for r in reductions:
-        r.rho /= biggest
         r.owner_batch = batch
         _check_terms(r, seams)
         _decide_layout(r, batch, seams)
@@ -759,19 +760,11 @@ def _finish(r: Reduction, paths: list[_Path]) -> None:
         counts.add(r.weights_total)
     modes, rho = set(), 0.0
     for p in paths:
-        mode, factor = r.mode, p.factor
-        rest = list(p.divisors)
-        for d in p.divisors:
-            if r.mode == "sum" and any(_close(d, c) for c in counts):
-                mode = "mean"  # a sum divided by its own count: a mean
-                rest.remove(d)
-                break
-        for d in rest:
-            if d == 0.0:
-                raise _fix("division by zero", "divides by zero")
-            factor /= d
+        mode = r.mode
+        if mode == "sum" and any(_close(d, c) for d in p.divisors for c in counts):
+            mode = "mean"  # a sum divided by its own count: a mean
         modes.add(mode)
-        rho += factor
+        rho += p.factor  # the divisions are not used: any of them may be a batch quantity
     if len(modes) > 1:
         raise _fix(r.name, "uses one reduction both as a sum and as a mean")
     r.mode = modes.pop()
