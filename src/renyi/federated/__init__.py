@@ -10,7 +10,12 @@
   worst-set epsilon;
 * :mod:`renyi.federated.gopa`: the GOPA protocol (Sabater, Bellet & Ramon 2022) run in one
   process, and its exact Gaussian accounting for a given graph, honest set or coalition;
-* :mod:`renyi.federated.gopa_flower`: GOPA parties as Flower SuperNodes (optional ``flwr``);
+* :mod:`renyi.federated.relay`: a protocol between parties relayed by an untrusted server
+  (endpoint and driver interfaces, in-process run);
+* :mod:`renyi.federated.flower_relay`, :mod:`renyi.federated.flower_node`,
+  :mod:`renyi.federated.flower_deploy`: that relay over Flower messages, a long-lived
+  SuperNode running a pinned ClientApp, a loopback deployment (optional ``flwr``);
+* :mod:`renyi.federated.gopa_flower`: GOPA parties as Flower nodes (optional ``flwr``);
 * :mod:`renyi.federated.ddg`: distributed discrete Gaussian under secure aggregation;
 * :mod:`renyi.federated.network`: network DP for random-walk DP-SGD (Cyffers & Bellet 2022);
 * :mod:`renyi.federated.fedavg`: client-level DP-FedAvg with fixed or adaptive clipping;

@@ -1,0 +1,320 @@
+"""A real Flower deployment on loopback, started and stopped by the caller.
+
+:class:`LocalDeployment` starts ``flower-superlink`` (plain HTTP on 127.0.0.1) and one node
+process per ``node_configs`` entry, runs ServerApps on it with ``flwr run`` and stops every
+process it started (whole process groups) when the ``with`` block ends, also on errors.
+
+Nodes are :mod:`renyi.federated.flower_node` processes by default (one long-lived process
+per party running its pinned ``ClientApp``; see that module for why), or Flower's own
+``flower-supernode`` with ``node="flower-supernode"`` (one ClientApp process per message
+and the ClientApp named by the submitted app bundle: kept for comparison). The SuperLink's
+SuperExec, which starts the ServerApp process of a run, polls for work every
+``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` seconds (Flower's own setting; 1 s by default, 0.1 s
+here). Flower telemetry and Ray usage statistics are off in every process.
+
+Example (needs Flower; ~10 s of CPU)::
+
+    with LocalDeployment([{"name": "a"}, {"name": "b"}], "my_pkg.apps:client_app") as dep:
+        out = dep.run("my_pkg.apps:server_app", {"rounds": 3})
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+from renyi._validation import check_positive, fail
+from renyi.errors import RenyiError
+
+__all__ = ["DeploymentError", "LocalDeployment", "toml_value"]
+
+TELEMETRY_OFF = {"FLWR_TELEMETRY_ENABLED": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+NodeKind = Literal["renyi", "flower-supernode"]
+
+
+class DeploymentError(RenyiError):
+    """The local deployment could not start, run or deliver a result."""
+
+
+def toml_value(value: Any) -> str:
+    """``value`` as a TOML literal (``--node-config`` and ``[tool.flwr.app.config]`` syntax)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tool(name: str) -> str:
+    here = Path(sys.executable).parent / name
+    found = str(here) if here.exists() else shutil.which(name)
+    if not found:
+        raise fail(
+            "flwr", name, "Flower's command-line tools on PATH (pip install 'renyi[flower]')"
+        )
+    return found
+
+
+def _wait_port(port: int, deadline: float, proc: subprocess.Popen[bytes]) -> None:
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise DeploymentError(f"flower-superlink exited with code {proc.returncode}")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise DeploymentError(f"flower-superlink did not listen on 127.0.0.1:{port}")
+
+
+def _stop(procs: Sequence[subprocess.Popen[bytes]], grace: float = 5.0) -> None:
+    """SIGTERM each process group, then SIGKILL what is left after ``grace`` seconds."""
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGTERM)
+    end = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.05, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        # children of the group (Flower's superexec, ClientApp/ServerApp processes) too
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+class LocalDeployment:
+    """``flower-superlink`` + one node per ``node_configs`` entry on 127.0.0.1.
+
+    ``client_app``: the ClientApp every node runs (``"module:attribute"``), pinned by the
+    node itself (renyi nodes) or written into each submitted app bundle (``node=
+    "flower-supernode"``, where Flower takes it from the bundle). ``node_configs[i]`` is node
+    ``i``'s ``--node-config``. Use as a context manager; :attr:`nodes` are the node
+    processes (each the leader of its own process group: ``os.killpg(p.pid, SIGKILL)``
+    kills a party outright). ``workdir`` (default: a fresh temporary directory, removed at
+    exit) holds the logs.
+    """
+
+    def __init__(
+        self,
+        node_configs: Sequence[Mapping[str, Any]],
+        client_app: str,
+        *,
+        node: NodeKind = "renyi",
+        max_poll: float = 0.2,
+        workdir: Path | None = None,
+    ) -> None:
+        if node not in ("renyi", "flower-supernode"):
+            raise fail("node", node, "'renyi' or 'flower-supernode'")
+        if not node_configs:
+            raise fail("node_configs", len(node_configs), "at least one node")
+        self.node_configs = [dict(c) for c in node_configs]
+        self.client_app = client_app
+        self.node_kind = node
+        self.max_poll = check_positive("max_poll", max_poll)
+        self._own_dir = workdir is None
+        self.workdir = Path(tempfile.mkdtemp(prefix="renyi-flwr-")) if workdir is None else workdir
+        self.port = 0
+        self.superlink: subprocess.Popen[bytes] | None = None
+        self.nodes: list[subprocess.Popen[bytes]] = []
+        self._runs = 0
+        bindir = str(Path(_tool("flower-superlink")).parent)  # it starts flower-superexec
+        self.env = {
+            **os.environ,
+            **TELEMETRY_OFF,
+            "FLWR_HOME": str(self.workdir / "flwr"),
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",
+            "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+        }
+
+    def _spawn(self, cmd: list[str], log: str) -> subprocess.Popen[bytes]:
+        with (self.workdir / log).open("wb") as out:
+            return subprocess.Popen(
+                cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def __enter__(self) -> LocalDeployment:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Start the SuperLink and the nodes (returns once the SuperLink listens)."""
+        (self.workdir / "flwr").mkdir(parents=True, exist_ok=True)
+        self.port = _free_port()
+        (self.workdir / "flwr" / "config.toml").write_text(
+            f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
+            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n'
+        )
+        self.superlink = self._spawn(
+            [
+                _tool("flower-superlink"),
+                "--insecure",
+                "--disable-runtime-dependency-installation",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
+            "superlink.log",
+        )
+        _wait_port(self.port, time.monotonic() + 60, self.superlink)
+        for i, cfg in enumerate(self.node_configs):
+            conf = " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())
+            if self.node_kind == "renyi":
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "renyi.federated.flower_node",
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{self.port}",
+                    "--app",
+                    self.client_app,
+                    "--max-poll",
+                    repr(self.max_poll),
+                ]
+            else:
+                cmd = [
+                    _tool("flower-supernode"),
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{self.port}",
+                    "--port",
+                    str(_free_port()),
+                ]
+            if conf:
+                cmd += ["--node-config", conf]
+            self.nodes.append(self._spawn(cmd, f"node-{i:03d}.log"))
+
+    def run(
+        self,
+        server_app: str,
+        run_config: Mapping[str, Any],
+        *,
+        result_key: str = "result-file",
+        status_key: str = "status-file",
+        app_files: Mapping[str, str] | None = None,
+        client_component: str | None = None,
+        timeout: float = 120.0,
+        on_status: Callable[[str, list[subprocess.Popen[bytes]]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Submit one run of ``server_app`` and return the JSON its ServerApp writes.
+
+        The ServerApp gets ``run_config`` plus ``result_key`` (a file path: it must write
+        its outcome there as JSON) and ``status_key`` (a file it may append progress lines
+        to; each new line is passed to ``on_status(line, self.nodes)`` as it appears, e.g.
+        to kill a node mid-protocol). ``app_files`` are extra files of the app bundle
+        (tests: a malicious ServerApp); ``client_component`` replaces the ClientApp the
+        bundle names (renyi nodes ignore it: they run their own). Raises
+        :class:`DeploymentError` if ``flwr run`` fails or no result arrives within
+        ``timeout`` seconds.
+        """
+        check_positive("timeout", timeout)
+        if self.superlink is None:
+            raise DeploymentError("the deployment is not started (use it in a with block)")
+        self._runs += 1
+        app = self.workdir / f"app-{self._runs}"
+        app.mkdir()
+        result, status = app / "result.json", app / "status.txt"
+        cfg = {**run_config, result_key: str(result), status_key: str(status)}
+        (app / "pyproject.toml").write_text(
+            '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n\n'
+            f'[project]\nname = "renyi-run-{self._runs}"\nversion = "1.0.0"\n'
+            'description = "renyi"\nlicense = "Apache-2.0"\ndependencies = []\n\n'
+            '[tool.flwr.app]\npublisher = "renyi"\n\n'
+            f'[tool.flwr.app.components]\nserverapp = "{server_app}"\n'
+            f'clientapp = "{client_component or self.client_app}"\n\n[tool.flwr.app.config]\n'
+            + "".join(f'"{k}" = {toml_value(v)}\n' for k, v in cfg.items())
+        )
+        for name, text in (app_files or {}).items():
+            (app / name).write_text(text)
+        started = time.monotonic()
+        try:
+            subprocess.run(
+                [_tool("flwr"), "run", str(app), "loopback"],
+                env=self.env,
+                cwd=app,
+                check=True,
+                capture_output=True,
+                timeout=min(timeout, 120.0),
+            )
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            tail = (exc.stderr or b"")[-500:].decode(errors="replace") if exc.stderr else ""
+            raise DeploymentError(f"'flwr run' failed ({exc}); {tail}") from None
+        seen = 0
+        while True:
+            if status.exists() and on_status is not None:
+                lines = status.read_text().splitlines()
+                for line in lines[seen:]:
+                    on_status(line, self.nodes)
+                seen = len(lines)
+            if result.exists():
+                with contextlib.suppress(json.JSONDecodeError):
+                    out: dict[str, Any] = json.loads(result.read_text())
+                    return out
+            if time.monotonic() > started + timeout:
+                raise DeploymentError(f"no result from the ServerApp within {timeout} s")
+            time.sleep(0.02)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user + system, with reaped children) used so far by the SuperLink's
+        process group (SuperLink, its SuperExec, ServerApps) and by all nodes' groups
+        (Linux ``/proc``; ``{}`` elsewhere). Processes already gone and not reaped by a
+        live member are missed, so this is a lower bound."""
+        groups = {"superlink": {self.superlink.pid} if self.superlink else set()}
+        groups["nodes"] = {p.pid for p in self.nodes}
+        tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        out = dict.fromkeys(groups, 0.0)
+        proc = Path("/proc")
+        if not proc.is_dir():
+            return {}
+        for d in proc.iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            pgid = int(fields[2])
+            for role, pgids in groups.items():
+                if pgid in pgids:
+                    out[role] += sum(int(x) for x in fields[11:15]) / tick
+        return out
+
+    def close(self) -> None:
+        """Stop every process this deployment started; remove its temporary directory."""
+        procs = [*self.nodes, *([self.superlink] if self.superlink is not None else [])]
+        _stop(procs)
+        self.nodes, self.superlink = [], None
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)

@@ -1,0 +1,254 @@
+"""A long-lived Flower SuperNode that runs its own pinned ClientApp in-process.
+
+Flower's ``flower-supernode`` (flwr 1.41/1.42) runs every message in a new ``ClientApp``
+process (``--isolation subprocess``: started by its ``flower-superexec``; ``--isolation
+process``: started by an external executor, still one process per task), polls the
+SuperLink every 3 s when idle (``time.sleep(3)`` in its main loop, not configurable), and
+runs whatever ``ClientApp`` the SuperLink's app bundle (FAB) names. For a party of a
+secure-aggregation protocol all three hurt:
+
+* **code from the server**: the FAB is chosen by whoever submits the run, i.e. the server a
+  party must not trust; a ServerApp that ships its own ClientApp reads the party's
+  ``--node-config`` (its value, its key file) directly. Flower's answer is FAB signatures
+  (``--trusted-entities``), which need a SuperLink that supports verification;
+* **state between rounds** has to be exported to Flower's ``Context`` (sent to the
+  SuperNode over its Runtime API) and restored by the next process;
+* **time**: ~1-2 s of CPU to start each process (K = 10 GOPA: ~74 processes) and up to 3 s
+  per round waiting on the idle poll.
+
+:func:`run_node` is a SuperNode built from Flower's own Fleet-API connection (the one
+``flower-supernode`` uses: node registration, activation, heartbeats, message and object
+transfer over HTTP) whose loop runs one locally chosen ``ClientApp`` in the node's process:
+the FAB is never downloaded or executed (its ``[tool.flwr.app.config]`` is read as data,
+only for ``context.run_config``), the ``Context`` of a run stays in memory for the life of
+the node, and the idle poll backs off from ``first_poll`` to ``max_poll`` (reset by every
+message), so a round costs milliseconds, not seconds, of waiting. Everything else is
+Flower's: the SuperLink sees an ordinary SuperNode.
+
+Run it as ``python -m renyi.federated.flower_node --superlink 127.0.0.1:9092 --insecure
+--app renyi.federated.gopa_flower:client_app --node-config 'name="party-001" ...'``.
+
+This uses Flower modules that are not its documented public API
+(``flwr.supernode.fleet_http_connection``, ``flwr.supercore.inflatable``); tested with
+flwr 1.42.0 (``tests/test_federated_flower_node.py`` fails loudly if they change).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+
+import argparse
+import importlib
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+try:
+    from flwr.app import Context, Error, Message, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.common.config import get_fused_config_from_fab, parse_config_args
+    from flwr.common.constant import ErrorCode
+    from flwr.supercore.inflatable.inflatable_object import (
+        get_all_nested_objects,
+        get_object_tree,
+        no_object_id_recompute,
+    )
+    from flwr.supercore.inflatable.inflatable_utils import (
+        pull_and_inflate_object_from_tree,
+        push_objects,
+    )
+    from flwr.supernode.fleet_http_connection import http_request_response
+except ImportError as exc:  # pragma: no cover - exercised only without flwr
+    raise ImportError(
+        "renyi.federated.flower_node needs Flower: pip install 'renyi[flower]'"
+    ) from exc
+
+from renyi._validation import check_positive, fail
+
+__all__ = ["NodeStats", "Poll", "load_client_app", "main", "run_node"]
+
+
+@dataclass(frozen=True)
+class Poll:
+    """Idle polling of the SuperLink: ``first`` seconds after a message, growing by
+    ``factor`` per empty answer up to ``cap``. The worst added latency of a message is
+    ``cap``; an idle node makes about ``1/cap`` requests per second."""
+
+    first: float = 0.005
+    cap: float = 0.2
+    factor: float = 1.5
+
+    def __post_init__(self) -> None:
+        check_positive("first", self.first)
+        check_positive("cap", self.cap)
+        if self.cap < self.first:
+            raise fail("cap", self.cap, f">= first ({self.first})")
+        if self.factor < 1.0:
+            raise fail("factor", self.factor, ">= 1")
+
+
+@dataclass
+class NodeStats:
+    """What a node did (for tests and benchmarks)."""
+
+    node_id: int = 0
+    messages: int = 0
+    polls: int = 0
+    app_seconds: float = 0.0
+
+
+def load_client_app(ref: str) -> ClientApp:
+    """The ``ClientApp`` at ``"package.module:attribute"`` (imported locally, never from a FAB)."""
+    module, _, attr = ref.partition(":")
+    if not module or not attr:
+        raise fail("app", ref, "'package.module:attribute' naming a flwr ClientApp")
+    app = getattr(importlib.import_module(module), attr, None)
+    if not isinstance(app, ClientApp):
+        raise fail("app", ref, "an attribute holding a flwr.clientapp.ClientApp")
+    return app
+
+
+def _run_config(get_run: Any, get_fab: Any, run_id: int) -> dict[str, Any]:
+    """The run's config (FAB defaults fused with overrides), read as data only."""
+    run = get_run(run_id)
+    fab = get_fab(run.fab_hash, run_id)
+    return dict(get_fused_config_from_fab(fab.content, run))
+
+
+def _reply(app: ClientApp, message: Message, context: Context) -> Message:
+    try:
+        return app(message=message, context=context)
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        return Message(
+            Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message
+        )
+
+
+def run_node(
+    superlink: str,
+    app: ClientApp | str,
+    node_config: Mapping[str, Any] | None = None,
+    *,
+    insecure: bool = True,
+    root_certificates: bytes | str | None = None,
+    poll: Poll | None = None,
+    stop: threading.Event | None = None,
+    max_wait_time: float | None = None,
+    stats: NodeStats | None = None,
+) -> NodeStats:
+    """Serve ``app`` as a SuperNode of the SuperLink at ``superlink`` until ``stop`` is set.
+
+    ``superlink``: the SuperLink's Fleet API address (``host:port``); ``insecure=True`` is
+    plain HTTP (loopback only; otherwise pass ``root_certificates`` for TLS). ``app`` is a
+    ``ClientApp`` or its ``"module:attribute"`` reference, imported here. Each message is
+    answered in this process with the run's long-lived ``Context`` (``node_config`` as
+    given, ``state`` kept in memory, ``run_config`` from the run). An exception in the app
+    becomes an error reply; the node keeps serving. Returns counters (:class:`NodeStats`).
+    """
+    client_app = load_client_app(app) if isinstance(app, str) else app
+    if not isinstance(client_app, ClientApp):
+        raise fail("app", type(client_app).__name__, "a flwr ClientApp or its reference")
+    cfg = dict(node_config or {})
+    poll = poll or Poll()
+    stop = stop or threading.Event()
+    stats = stats if stats is not None else NodeStats()
+    contexts: dict[int, Context] = {}
+    with http_request_response(
+        superlink, insecure, root_certificates, None, None, max_wait_time
+    ) as conn:
+        node_id, receive, send, get_run, get_fab, pull_object, push_object, confirm = conn
+        stats.node_id = int(node_id)
+        wait = poll.first
+        while not stop.is_set():
+            got = receive()
+            stats.polls += 1
+            if got is None:
+                stop.wait(wait)
+                wait = min(poll.cap, wait * poll.factor)
+                continue
+            wait = poll.first
+            head, tree = got
+            run_id = int(head.metadata.run_id)
+            message = pull_and_inflate_object_from_tree(
+                tree,
+                partial(pull_object, run_id),
+                partial(confirm, run_id),
+                return_type=Message,
+                initial_backoff=poll.first,
+                backoff_cap=poll.cap,
+            )
+            message.metadata.__dict__["_message_id"] = tree.object_id
+            if run_id not in contexts:
+                contexts[run_id] = Context(
+                    run_id=run_id,
+                    node_id=int(node_id),
+                    node_config=cfg,
+                    state=RecordDict(),
+                    run_config=_run_config(get_run, get_fab, run_id),
+                )
+            started = time.perf_counter()
+            reply = _reply(client_app, message, contexts[run_id])
+            took = time.perf_counter() - started
+            stats.app_seconds += took
+            stats.messages += 1
+            reply.metadata.__dict__["_message_id"] = reply.object_id
+            with no_object_id_recompute():
+                reply_tree = get_object_tree(reply)
+                objects = get_all_nested_objects(reply)
+                ids, session = send(reply, reply_tree, took)
+                push_objects(objects, partial(push_object, run_id, session), object_ids_to_push=ids)
+    return stats
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m renyi.federated.flower_node",
+        description="A long-lived Flower SuperNode running a pinned ClientApp in-process.",
+    )
+    ap.add_argument("--superlink", required=True, help="SuperLink Fleet API host:port")
+    ap.add_argument("--app", required=True, help="the ClientApp, as module:attribute")
+    ap.add_argument("--node-config", default="", help="key=value pairs, as flower-supernode")
+    ap.add_argument("--insecure", action="store_true", help="plain HTTP (loopback only)")
+    ap.add_argument("--root-certificates", default=None, help="PEM CA file for TLS")
+    ap.add_argument("--max-poll", type=float, default=Poll.cap, help="idle poll cap (s)")
+    ap.add_argument("--max-wait-time", type=float, default=None)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m renyi.federated.flower_node``: serve until SIGTERM/SIGINT."""
+    args = _parse(argv)
+    if not args.insecure and args.root_certificates is None:
+        raise SystemExit("flower_node: pass --insecure (loopback) or --root-certificates")
+    stop = threading.Event()
+
+    def _stop(_sig: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    certs = Path(args.root_certificates).read_bytes() if args.root_certificates else None
+    cfg = parse_config_args([args.node_config]) if args.node_config else {}
+    run_node(
+        args.superlink,
+        args.app,
+        cfg,
+        insecure=bool(args.insecure),
+        root_certificates=certs,
+        poll=Poll(cap=args.max_poll),
+        stop=stop,
+        max_wait_time=args.max_wait_time,
+    )
+
+
+if __name__ == "__main__":
+    main()

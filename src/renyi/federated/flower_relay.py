@@ -1,0 +1,313 @@
+"""The relay of :mod:`renyi.federated.relay` over Flower messages (optional ``flwr``).
+
+Party side: :func:`relay_client_app` turns a factory of
+:class:`~renyi.federated.relay.PartyEndpoint` into a Flower ``ClientApp``. Every relayed
+message is a Flower ``query`` whose content holds two records, ``"relay"`` (protocol name,
+session id, phase) and ``"payload"``; the reply has the same shape. The opening message of a
+session builds the party (``factory(node_config, payload)``: the party's secrets and pinned
+settings come from its own node config, never from the server); later messages of that
+session go to the same live object, which exists only in the node's memory. So the party
+must run on a long-lived node (:mod:`renyi.federated.flower_node`, or Flower's simulation
+engine with one backend worker): under ``flower-supernode``, which starts a new process per
+message, the second message finds no session and the party refuses (nothing is leaked,
+nothing released). A node forgets a session when it ends (the party answers ``done``) or
+refuses, and holds at most ``max_sessions`` (the oldest is forgotten first).
+
+Server side: :func:`relay_over_grid` runs a :class:`~renyi.federated.relay.ServerDriver`
+over a Flower ``Grid``: it waits for nodes, broadcasts the opening, binds each node to the
+party the driver admits, then sends each round and collects the replies. A round waits for
+every addressed node, at most ``timeout`` seconds, and at most ``max(grace, 2 x the time the
+replies so far took)`` after the last reply (a slow machine stretches it): a node still
+silent then is absent. Reply polling backs off from 2 ms to ``max_poll``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+try:
+    from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid
+except ImportError as exc:  # pragma: no cover - exercised only without flwr
+    raise ImportError(
+        "renyi.federated.flower_relay needs Flower: pip install 'renyi[flower]'"
+    ) from exc
+
+from renyi._validation import check_int, check_positive, fail
+from renyi.errors import RenyiError
+from renyi.federated.relay import Outcome, PartyEndpoint, Payload, Round, ServerDriver
+
+__all__ = ["RelayStats", "payload_size", "relay_client_app", "relay_over_grid"]
+
+PartyFactory = Callable[[Mapping[str, Any], Payload], PartyEndpoint]
+
+_LIVE: dict[tuple[int, int, str, bytes], PartyEndpoint] = {}
+
+
+def _fast_grid_pulls(first: float, cap: float) -> None:
+    """Make the ServerApp's grid retry a reply's objects after ``first`` s, not 1 s.
+
+    A node pushes its reply message, then the message's objects; a reply pulled in between
+    has its objects retried by Flower's ``HttpGrid.pull_messages`` after 1 s (then 2, 4, ...;
+    ``PULL_INITIAL_BACKOFF``, not configurable). With replies polled every few milliseconds
+    that window is hit in most rounds (measured: 1.2 s added to 2 of 4 rounds at K = 5). The
+    grid's module-level ``pull_objects`` is rebound, in this ServerApp process only, to the
+    same function with a ``first``-second initial backoff capped at ``cap``; if Flower
+    renames it, nothing is patched and rounds are merely slower.
+    """
+    try:
+        from flwr.supercore.inflatable.inflatable_utils import pull_objects
+        from flwr.superlink.grid import http_grid
+    except ImportError:  # pragma: no cover - a Flower without the HTTP grid
+        return
+    if getattr(http_grid, "pull_objects", None) is pull_objects:
+        http_grid.pull_objects = partial(pull_objects, initial_backoff=first, backoff_cap=cap)
+
+
+def _plain(record: Any) -> dict[str, Any]:
+    """A ConfigRecord as a dict of plain Python values (lists copied)."""
+    return {k: list(v) if isinstance(v, list) else v for k, v in record.items()}
+
+
+def _serve_message(
+    protocol: str, factory: PartyFactory, max_sessions: int, msg: Message, context: Context
+) -> Message:
+    """Answer one relayed message (module level, so that the live sessions are this
+    process's, also when Flower's simulation engine ships the ClientApp by value)."""
+    head: dict[str, Any] = {}
+    key: tuple[int, int, str, bytes] | None = None
+    try:
+        head = _plain(msg.content["relay"])
+        payload = _plain(msg.content["payload"])
+        if head.get("protocol") != protocol:
+            raise fail("protocol", head.get("protocol"), f"{protocol!r} (this node's party)")
+        session, phase = bytes(head["session"]), str(head["phase"])
+        key = (int(context.run_id), int(context.node_id), protocol, session)
+        if bool(head.get("opening", False)):
+            if key in _LIVE:
+                raise fail("session", session.hex()[:16], "a session this party has not joined")
+            mine = [k for k in _LIVE if k[1] == key[1]]
+            for old in mine[: max(0, len(mine) - max_sessions + 1)]:
+                del _LIVE[old]  # the oldest sessions are forgotten (they can only abort)
+            _LIVE[key] = factory(dict(context.node_config), payload)
+        elif key not in _LIVE:
+            raise fail(
+                "session",
+                session.hex()[:16],
+                "a session this party holds (its state lives in a long-lived node's memory:"
+                " run the party on renyi.federated.flower_node)",
+            )
+        out = dict(_LIVE[key].respond(phase, payload))
+        if out.pop("done", False) or "abort" in out:
+            _LIVE.pop(key, None)
+    except (RenyiError, ValueError, KeyError, TypeError, OSError) as exc:
+        if key is not None:
+            _LIVE.pop(key, None)
+        out = {"abort": f"{type(exc).__name__}: {exc}"}
+    relay = ConfigRecord({k: head[k] for k in ("session", "phase") if k in head})
+    return Message(RecordDict({"relay": relay, "payload": ConfigRecord(out)}), reply_to=msg)
+
+
+def relay_client_app(protocol: str, factory: PartyFactory, *, max_sessions: int = 4) -> ClientApp:
+    """A ClientApp that serves ``protocol``'s parties built by ``factory`` (module docstring).
+
+    ``factory(node_config, opening_payload)`` is called on a session's opening message and
+    returns the party's endpoint; a node keeps at most ``max_sessions`` sessions (opening
+    another forgets the oldest, which then can only refuse).
+    """
+    check_int("max_sessions", max_sessions, 1)
+    app = ClientApp()
+
+    @app.query()
+    def _query(msg: Message, context: Context) -> Message:
+        return _serve_message(protocol, factory, max_sessions, msg, context)
+
+    return app
+
+
+def payload_size(payload: Mapping[str, Any]) -> int:
+    """Bytes of a payload's values (bytes and str by length, numbers as 8): what parties
+    and server exchange, not counting Flower's framing."""
+    total = 0
+    for v in payload.values():
+        for x in v if isinstance(v, list) else [v]:
+            total += len(x) if isinstance(x, bytes | str) else 8
+    return total
+
+
+@dataclass
+class RelayStats:
+    """What the relay saw: bytes to and from each party, progress, wall time per phase."""
+
+    bytes_sent: dict[str, int] = field(default_factory=dict)
+    bytes_received: dict[str, int] = field(default_factory=dict)
+    phases: list[tuple[str, int, float]] = field(default_factory=list)  # (phase, replies, s)
+
+    def add(self, table: dict[str, int], name: str, payload: Mapping[str, Any]) -> None:
+        table[name] = table.get(name, 0) + payload_size(payload)
+
+
+class _GridRelay:
+    def __init__(
+        self,
+        grid: Grid,
+        protocol: str,
+        session: bytes,
+        *,
+        timeout: float,
+        grace: float,
+        max_poll: float,
+        status: Path | None,
+    ) -> None:
+        self.grid, self.protocol, self.session = grid, protocol, session
+        self.timeout, self.grace, self.max_poll = timeout, grace, max_poll
+        self.status = status
+        self.stats = RelayStats()
+
+    def log(self, line: str) -> None:
+        if self.status is not None:
+            with self.status.open("a") as f:
+                f.write(line + "\n")
+
+    def wait_for_nodes(self, count: int) -> list[int]:
+        end = time.monotonic() + self.timeout
+        wait = 0.005
+        while True:
+            nodes = sorted(int(n) for n in self.grid.get_node_ids())
+            if len(nodes) >= count or time.monotonic() > end:
+                return nodes
+            time.sleep(wait)
+            wait = min(0.1, wait * 1.5)
+
+    def exchange(
+        self, phase: str, contents: Mapping[int, Payload], opening: bool, names: Mapping[int, str]
+    ) -> dict[int, dict[str, Any]]:
+        msgs = []
+        for node, payload in contents.items():
+            head: dict[str, Any] = {
+                "protocol": self.protocol,
+                "session": self.session,
+                "phase": phase,
+            }
+            if opening:
+                head["opening"] = True
+            self.stats.add(self.stats.bytes_sent, names.get(node, str(node)), payload)
+            msgs.append(
+                Message(
+                    RecordDict(
+                        {"relay": ConfigRecord(head), "payload": ConfigRecord(dict(payload))}  # type: ignore[arg-type]
+                    ),
+                    dst_node_id=node,
+                    message_type=MessageType.QUERY,
+                )
+            )
+        start = time.monotonic()
+        ids = list(self.grid.push_messages(msgs))
+        owner = dict(zip(ids, contents, strict=True))
+        pending = set(ids)
+        replies: dict[int, dict[str, Any]] = {}
+        last: float | None = None
+        wait = 0.002
+        while pending:
+            now = time.monotonic()
+            if now > start + self.timeout:
+                break
+            if last is not None and now > last + max(self.grace, 2.0 * (last - start)):
+                break
+            got = list(self.grid.pull_messages(list(pending)))
+            for reply in got:
+                mid = reply.metadata.reply_to_message_id
+                if mid not in pending:
+                    continue
+                pending.discard(mid)
+                last = time.monotonic()
+                node = owner[mid]
+                if reply.has_error() or "payload" not in reply.content:
+                    continue
+                head = _plain(reply.content["relay"]) if "relay" in reply.content else {}
+                if head.get("session") != self.session or head.get("phase") != phase:
+                    continue  # a reply to some other message: ignored
+                payload = _plain(reply.content["payload"])
+                self.stats.add(self.stats.bytes_received, names.get(node, str(node)), payload)
+                replies[node] = payload
+            if pending:
+                wait = 0.002 if got else min(self.max_poll, wait * 1.5)
+                time.sleep(wait)
+        self.stats.phases.append((phase, len(replies), time.monotonic() - start))
+        return replies
+
+
+def relay_over_grid(
+    grid: Grid,
+    driver: ServerDriver,
+    *,
+    protocol: str,
+    session: bytes,
+    expected_nodes: int,
+    timeout: float = 120.0,
+    grace: float = 5.0,
+    max_poll: float = 0.05,
+    status_file: Path | None = None,
+) -> tuple[Outcome, RelayStats]:
+    """Run ``driver`` over ``grid`` (module docstring); returns its outcome and the relay's
+    counters (bytes are counted per party name once bound, else per node id).
+
+    Waits up to ``timeout`` for ``expected_nodes`` nodes (then goes on with those present).
+    ``status_file`` gets a line per step (``nodes N``, ``<phase> <replies>``, then the
+    outcome's status) as it happens.
+    """
+    check_positive("timeout", timeout)
+    check_positive("grace", grace)
+    check_int("expected_nodes", expected_nodes, 1)
+    if not isinstance(session, bytes) or not session:
+        raise fail("session", type(session).__name__, "non-empty bytes")
+    _fast_grid_pulls(0.005, max(0.005, max_poll))
+    relay = _GridRelay(
+        grid, protocol, session, timeout=timeout, grace=grace, max_poll=max_poll, status=status_file
+    )
+    nodes = relay.wait_for_nodes(expected_nodes)
+    relay.log(f"nodes {len(nodes)}")
+    phase, opening = driver.opening()
+    got = relay.exchange(phase, dict.fromkeys(nodes, opening), True, {})
+    node_of: dict[str, int] = {}
+    replies: dict[str, Payload] = {}
+    for node, reply in got.items():
+        if "abort" in reply:
+            replies[f"?{node}"] = reply
+            continue
+        name = driver.admit(reply)
+        if name is None:
+            continue  # a node that is not a party of this session: ignored
+        if name in node_of:
+            outcome = Outcome("aborted", {"reason": f"two nodes claim party {name!r}"})
+            relay.log(outcome.status)
+            return outcome, relay.stats
+        node_of[name], replies[name] = node, reply
+    names = {n: p for p, n in node_of.items()}
+    for table in (relay.stats.bytes_sent, relay.stats.bytes_received):
+        for key in list(table):
+            if key.isdigit() and int(key) in names:
+                table[names[int(key)]] = table.pop(key)
+    relay.log(f"{phase} {len(node_of)}")
+    while True:
+        step = driver.advance(replies)
+        if isinstance(step, Outcome):
+            relay.log(step.status)
+            return step, relay.stats
+        if not isinstance(step, Round):
+            raise fail("advance", type(step).__name__, "a Round or an Outcome")
+        contents = {node_of[p]: m for p, m in step.messages.items() if p in node_of}
+        got = relay.exchange(step.phase, contents, False, names)
+        replies = {names[n]: r for n, r in got.items()}
+        relay.log(f"{step.phase} {len(replies)}")

@@ -1,0 +1,144 @@
+"""The protocol-agnostic relay (renyi.federated.relay) and GOPA's endpoint/driver on it,
+in one process: the same messages the Flower deployment carries, with direct calls."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+pytest.importorskip("flwr")
+
+from renyi import noise
+from renyi.errors import InsecureRandomnessWarning, PrivacyParameterError
+from renyi.federated.channels import ChaCha20Source, Roster
+from renyi.federated.gopa import GopaProtocol
+from renyi.federated.gopa_flower import (
+    GopaDriver,
+    GopaPartyEndpoint,
+    deployment_files,
+    session_graph,
+)
+from renyi.federated.relay import Outcome, Round, ScriptedDriver, run_in_process
+
+K = 5
+VALUES = [0.11, 0.42, 0.73, 0.25, 0.98]
+KEYS = [bytes([i + 7]) * 32 for i in range(K)]
+SID = bytes(range(16))
+
+
+G = noise.lattice_step(0.3)
+
+
+def _expected(parties: list[int]) -> float:
+    """Mean of values plus keyed noise; the release is within g/2 of it (lattice g)."""
+    eta = [0.3 * noise.standard_normal(1, rng=ChaCha20Source(KEYS[i]))[0] for i in parties]
+    return float((np.asarray(VALUES)[parties].sum() + sum(eta)) / len(parties))
+
+
+def _setup(tmp: Path, budget: int = 0) -> tuple[GopaDriver, dict[str, GopaPartyEndpoint], Roster]:
+    roster, _, configs = deployment_files(tmp, VALUES, noise_keys=KEYS)
+    params: dict[str, Any] = {
+        "session": SID,
+        "peers": 2,
+        "sigma-eta": 0.3,
+        "sigma-delta": 25.0,
+        "reveal-budget": budget,
+        "rejection-probability": 1e-9,
+    }
+    nodes = {f"node{i}": GopaPartyEndpoint(c) for i, c in enumerate(configs)}
+    return GopaDriver(roster, params), nodes, roster
+
+
+def test_gopa_over_the_relay_equals_the_reference(tmp_path: Path) -> None:
+    """All five parties: the release is within g/2 of the mean of values plus their own
+    noise and within g of GopaProtocol on the same graph and noise keys."""
+    driver, nodes, _ = _setup(tmp_path)
+    out = run_in_process(driver, nodes)
+    assert out.status == "released", out.detail
+    assert abs(out.detail["estimate"] - _expected(list(range(K)))) <= G / 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureRandomnessWarning)
+        ref = GopaProtocol(
+            VALUES,
+            sigma_eta=0.3,
+            sigma_delta=25.0,
+            peers=2,
+            edges=session_graph(SID, K, 2),
+            noise_keys=KEYS,
+        )
+        assert abs(ref.run().estimate - out.detail["estimate"]) <= G
+
+
+def test_dropout_after_pairing_is_recovered_within_the_budget(tmp_path: Path) -> None:
+    driver, nodes, _ = _setup(tmp_path, budget=2)
+    out = run_in_process(
+        driver, nodes, absent=lambda node, phase: node == "node3" and phase == "mask"
+    )
+    assert out.status == "released", out.detail
+    assert out.detail["dropped"] == ["party-003"]
+    assert abs(out.detail["estimate"] - _expected([0, 1, 2, 4])) <= G / 2
+
+
+def test_dropout_without_budget_aborts(tmp_path: Path) -> None:
+    driver, nodes, _ = _setup(tmp_path, budget=0)
+    out = run_in_process(
+        driver, nodes, absent=lambda node, phase: node == "node3" and phase == "mask"
+    )
+    assert out.status == "aborted"
+    assert "reveal budget" in out.detail["reason"]
+
+
+def test_roster_mismatch_refused_at_join(tmp_path: Path) -> None:
+    driver, nodes, _ = _setup(tmp_path)
+    (tmp_path / "other").mkdir()
+    other, _, _ = deployment_files(tmp_path / "other", VALUES)
+    out = run_in_process(
+        driver,
+        nodes,
+        opening_payload=lambda node: {**driver.opening()[1], "roster": other.fingerprint()},
+    )
+    assert out.status == "aborted" and "refused to join" in out.detail["reason"]
+    assert "pinned" in out.detail["reason"]
+
+
+def test_a_node_that_is_not_in_the_roster_is_ignored(tmp_path: Path) -> None:
+    driver, nodes, _ = _setup(tmp_path)
+
+    class Stranger:
+        def respond(self, phase: str, payload: Any) -> dict[str, Any]:
+            return {"advertisement": b"\x00" * 40}
+
+    out = run_in_process(driver, {**nodes, "intruder": Stranger()})
+    assert out.status == "released" and len(out.detail["included"]) == K
+
+
+def test_scripted_driver_turns_errors_into_aborts() -> None:
+    class Broken(ScriptedDriver):
+        def opening(self) -> tuple[str, dict[str, Any]]:
+            return "hello", {}
+
+        def admit(self, reply: Any) -> str | None:
+            return str(reply["name"])
+
+        def script(self, joined: Any) -> Any:
+            yield Round("x", {p: {} for p in joined})
+            raise PrivacyParameterError("sigma: expected > 0")
+
+    class Party:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def respond(self, phase: str, payload: Any) -> dict[str, Any]:
+            return {"name": self.name}
+
+    out = run_in_process(Broken(), {"a": Party("a"), "b": Party("b")})
+    assert out == Outcome("aborted", {"reason": "PrivacyParameterError: sigma: expected > 0"})
+    with pytest.raises(PrivacyParameterError, match="phase"):
+        Round("", {})
