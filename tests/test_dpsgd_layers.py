@@ -244,23 +244,50 @@ def test_dropout_inside_rnn_and_attention_trains_with_our_masks() -> None:
     assert all(bool(torch.isfinite(v).all()) for v in sums.values())
 
 
-def test_packed_sequences_and_unbatched_inputs_get_our_error() -> None:
-    from torch.nn.utils.rnn import pack_padded_sequence
+class PackedRNN(nn.Module):
+    """``pack_padded_sequence`` (unsorted lengths) into a recurrent layer; uses the packed
+    outputs and the final states."""
 
-    class Packed(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.rnn = nn.GRU(3, 4, batch_first=True)
-            self.fc = nn.Linear(4, 2)
+    def __init__(self, cls: type[nn.RNNBase], **kw: Any) -> None:
+        super().__init__()
+        self.rnn = cls(3, 4, batch_first=True, **kw)
+        d = 2 if kw.get("bidirectional") else 1
+        self.fc = nn.Linear(8 * d, 2)
 
-        def forward(self, x: Tensor) -> Tensor:
-            packed = pack_padded_sequence(x, [x.shape[1]] * x.shape[0], batch_first=True)
-            _, h = self.rnn(packed)
-            return self.fc(h[-1])
+    def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
+        from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-    engine = ClippedGradientEngine(Packed(), loss_fn, max_grad_norm=1.0)
-    with pytest.raises(UnsupportedModelError, match="PackedSequence"):
-        engine.clipped_grad_sum(torch.randn(2, 4, 3), torch.randn(2, 2))
+        packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        out, h = self.rnn(packed)
+        h = h[0] if isinstance(h, tuple) else h
+        padded, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+        d = 2 if self.rnn.bidirectional else 1
+        last = torch.cat([h[-d + k] for k in range(d)], dim=1)
+        return self.fc(torch.cat([padded.sum(1), last], dim=1))
+
+
+@pytest.mark.parametrize(
+    "cls, kw",
+    [(nn.GRU, {}), (nn.LSTM, {"num_layers": 2, "bidirectional": True}), (nn.RNN, {})],
+)
+def test_packed_sequences_match_each_example_alone(cls: type[nn.RNNBase], kw: Any) -> None:
+    """On main: refused ("PackedSequence ... not supported")."""
+    torch.manual_seed(6)
+    model = PackedRNN(cls, **kw).double()
+    x, lengths, y = torch.randn(5, 6, 3).double(), torch.tensor([6, 3, 1, 5, 3]), torch.randn(5, 2)
+    engine = ClippedGradientEngine(model, loss_fn, max_grad_norm=1e12, mode="ghost")
+    sums, _, norms = engine.clipped_grad_sum((x, lengths), y.double())
+    params = list(model.parameters())
+    ref = []
+    for i in range(5):
+        loss = loss_fn(model(x[i : i + 1], lengths[i : i + 1]), y[i : i + 1].double()).sum()
+        ref.append(torch.cat([g.flatten() for g in torch.autograd.grad(loss, params)]))
+    total = torch.cat([v.flatten() for v in sums.values()])
+    assert float((total - torch.stack(ref).sum(0)).norm()) < 1e-9
+    assert torch.allclose(norms, torch.stack([r.norm() for r in ref]), rtol=1e-9)
+
+
+def test_unsupported_attention_options_get_our_error() -> None:
     att = nn.MultiheadAttention(4, 2, add_bias_kv=True, batch_first=True)
 
     class BiasKV(nn.Module):

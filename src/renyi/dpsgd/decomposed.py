@@ -17,9 +17,11 @@ recomputed or approximated; it equals torch's fused result up to rounding
 (tests/test_dpsgd_layers.py checks per-example gradients against torch's own modules run on
 one example at a time).
 
-Supported: all RNN/GRU/LSTM options except ``PackedSequence`` inputs and unbatched
-(2-D) inputs (``num_layers``, ``bias``, ``batch_first``, ``dropout``, ``bidirectional``,
-``proj_size``, given or default initial states, outputs and final states both usable);
+Supported: all RNN/GRU/LSTM options except unbatched (2-D) inputs (``num_layers``, ``bias``,
+``batch_first``, ``dropout``, ``bidirectional``, ``proj_size``, given or default initial
+states, outputs and final states both usable), and ``PackedSequence`` inputs (unpacked; every
+step past an example's length keeps its state and outputs zero, as torch's packed kernels,
+in a per-step loop);
 ``nn.MultiheadAttention`` with packed or separate projections (``kdim``/``vdim``),
 ``batch_first``, ``bias``, ``add_zero_attn``, ``key_padding_mask``/``attn_mask`` (bool or
 float), ``is_causal``, ``need_weights``/``average_attn_weights`` and dropout;
@@ -45,7 +47,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.utils.rnn import PackedSequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from renyi.dpsgd.grad_sample import UnsupportedModelError
 
@@ -111,12 +113,13 @@ def rnn_forward(module: nn.RNNBase, rec: Recorder, input: Any, hx: Any = None) -
     r * (W_hn h + b_hn))``, ``h' = (1 - z) n + z h``; Elman ``h' = tanh|relu(W_ih x + b_ih +
     W_hh h + b_hh)``; dropout on the outputs of every layer but the last, in training mode.
     """
-    if isinstance(input, PackedSequence):
-        raise UnsupportedModelError(
-            f"{type(module).__name__} called with a PackedSequence: per-example gradients of "
-            "packed sequences are not supported; pad the batch (and mask the loss or take the "
-            "outputs at each sequence's last valid step) instead"
-        )
+    packed = input if isinstance(input, PackedSequence) else None
+    valid: Tensor | None = None  # [B, T]: step t of example b is within its length
+    if packed is not None:  # unpacked (original batch order), each step masked past its end
+        padded, lengths = pad_packed_sequence(packed, batch_first=True)
+        steps_of = torch.arange(int(padded.shape[1]))
+        valid = (steps_of[None, :] < lengths[:, None]).to(padded.device)
+        input = padded if module.batch_first else padded.transpose(0, 1)
     if not isinstance(input, Tensor) or input.ndim != 3:
         shape = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
         raise UnsupportedModelError(
@@ -161,7 +164,7 @@ def rnn_forward(module: nn.RNNBase, rec: Recorder, input: Any, hx: Any = None) -
             gi = rec.linear(layer_in, w_ih, b_ih, ("weight_ih" + sfx, None, bias_ih, None))
             h = h0[layer * dirs + d]
             c = c0[layer * dirs + d] if c0 is not None else None
-            if mode != "GRU" and proj == 0:
+            if mode != "GRU" and proj == 0 and valid is None:
                 seq_out, h, c = _fused_layer(
                     module,
                     rec,
@@ -182,6 +185,7 @@ def rnn_forward(module: nn.RNNBase, rec: Recorder, input: Any, hx: Any = None) -
             seq: list[Tensor | None] = [None] * steps
             order = range(steps) if d == 0 else range(steps - 1, -1, -1)
             for t in order:
+                h_prev, c_prev = h, c
                 gh = rec.linear(h, w_hh, b_hh, ("weight_hh" + sfx, None, bias_hh, None))
                 git = gi[:, t]
                 if mode == "LSTM":
@@ -203,6 +207,12 @@ def rnn_forward(module: nn.RNNBase, rec: Recorder, input: Any, hx: Any = None) -
                     h = torch.tanh(git + gh)
                 else:
                     h = torch.relu(git + gh)
+                if valid is not None:  # past an example's end its state stays, its output is 0
+                    m = valid[:, t : t + 1]
+                    h = torch.where(m, h, h_prev)
+                    c = None if c is None or c_prev is None else torch.where(m, c, c_prev)
+                    seq[t] = torch.where(m, h, torch.zeros_like(h))
+                    continue
                 seq[t] = h
             outs.append(torch.stack([s for s in seq if s is not None], dim=1))
             h_last.append(h)
@@ -211,11 +221,22 @@ def rnn_forward(module: nn.RNNBase, rec: Recorder, input: Any, hx: Any = None) -
         layer_in = outs[0] if dirs == 1 else torch.cat(outs, dim=2)
         if module.dropout > 0 and module.training and layer < layers - 1:
             layer_in = F.dropout(layer_in, module.dropout, training=True)
-    output = layer_in if module.batch_first else layer_in.transpose(0, 1)
+    output: Any = layer_in if module.batch_first else layer_in.transpose(0, 1)
+    if packed is not None:  # the same packing as torch's (its batch sizes and order)
+        idx = packed.sorted_indices
+        rows = layer_in if idx is None else layer_in.index_select(0, idx)
+        data = pack_padded_sequence(rows, lengths_sorted(packed), batch_first=True).data
+        output = PackedSequence(data, packed.batch_sizes, idx, packed.unsorted_indices)
     h_n = torch.stack(h_last, dim=0)
     if mode == "LSTM":
         return output, (h_n, torch.stack(c_last, dim=0))
     return output, h_n
+
+
+def lengths_sorted(packed: PackedSequence) -> Tensor:
+    """The sequence lengths of ``packed`` in its sorted (decreasing) order."""
+    sizes = packed.batch_sizes
+    return (sizes[None, :] > torch.arange(int(sizes[0]))[:, None]).sum(dim=1)
 
 
 def _fused_layer(
