@@ -303,6 +303,118 @@ def test_unsupported_attention_options_get_our_error() -> None:
         engine.clipped_grad_sum(torch.randn(2, 3, 4), torch.randn(2, 4))
 
 
+# ---------------------------------------------------------------- sequence-first layouts
+
+
+class EncoderInside(nn.Module):
+    """A batch-first model around torch's default (sequence-first) encoder layer: its
+    Linears and LayerNorms see ``[T, B, d]``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.enc = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.1)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.enc(self.emb(x).transpose(0, 1)).mean(0))
+
+
+class SequenceFirst(nn.Module):
+    """Input ``[T, B]`` (``batch_first=False``): default encoder layer, a Linear on
+    ``[T, B, d]``, a sequence-first GRU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.enc = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.1)
+        self.proj = nn.Linear(8, 8)
+        self.rnn = nn.GRU(8, 8)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out, _ = self.rnn(self.proj(self.enc(self.emb(x))))
+        return self.fc(out[-1])
+
+
+def _ce(out: Tensor, y: Tensor) -> Tensor:
+    return nn.functional.cross_entropy(out, y, reduction="none")
+
+
+@pytest.mark.parametrize("seq_len", [5, 4])  # 4: T == B, which sizes alone cannot tell
+@pytest.mark.parametrize("model_cls", [EncoderInside, SequenceFirst])
+def test_sequence_first_layouts_match_each_example_alone(
+    model_cls: type[nn.Module], seq_len: int
+) -> None:
+    """On main: raw RuntimeError from the ghost rule, and batch_first=False refused."""
+    torch.manual_seed(7)
+    model = model_cls().double()
+    first = model_cls is EncoderInside
+    b = 4
+    x = torch.randint(0, 20, (b, seq_len) if first else (seq_len, b))
+    y = torch.randint(0, 3, (b,))
+    engine = ClippedGradientEngine(model, _ce, max_grad_norm=1e12, batch_first=first)
+    for _ in range(3):  # checked in training mode, dropout replayed
+        engine.clipped_grad_sum(x, y)
+    model.eval()
+    sums, _, norms = engine.clipped_grad_sum(x, y)
+    params = list(model.parameters())
+    ref = []
+    for i in range(b):
+        xi = x[i : i + 1] if first else x[:, i : i + 1]
+        loss = _ce(model(xi), y[i : i + 1]).sum()
+        ref.append(torch.cat([g.flatten() for g in torch.autograd.grad(loss, params)]))
+    total = torch.cat([v.flatten() for v in sums.values()])
+    assert engine.mode == "ghost"
+    assert float((total - torch.stack(ref).sum(0)).norm()) < 1e-9
+    assert torch.allclose(norms, torch.stack([r.norm() for r in ref]), rtol=1e-9)
+
+
+# ---------------------------------------------------------------- custom autograd Functions
+
+
+class _Mul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, w: Tensor) -> Tensor:
+        ctx.save_for_backward(x, w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, Tensor]:
+        x, w = ctx.saved_tensors
+        return g * w, (g * x).sum(0)
+
+
+class FunctionLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return _Mul.apply(x, self.w)
+
+
+def test_custom_autograd_function_owning_parameters_is_refused_or_uses_a_rule() -> None:
+    """On main: functorch's raw RuntimeError. Now our error naming the fix; with a
+    registered rule the layer trains and matches each example alone."""
+    torch.manual_seed(9)
+    model = nn.Sequential(nn.Linear(4, 4), FunctionLayer(), nn.Linear(4, 2))
+    x, y = torch.randn(5, 4), torch.randn(5, 2)
+    for mode in ("auto", "vmap"):
+        engine = ClippedGradientEngine(model, loss_fn, max_grad_norm=1.0, mode=mode)  # type: ignore[arg-type]
+        with pytest.raises(UnsupportedModelError, match=r"autograd\.Function.*register_grad"):
+            engine.clipped_grad_sum(x, y)
+
+    def rule(layer: nn.Module, acts: list[Tensor], back: Tensor) -> dict[Any, Tensor]:
+        return {layer.w: acts[0] * back}
+
+    try:
+        register_grad_sampler(FunctionLayer, rule)
+        check(model, x, y, "float64")
+    finally:
+        unregister_grad_sampler(FunctionLayer)
+
+
 # ---------------------------------------------------------------- registry
 
 

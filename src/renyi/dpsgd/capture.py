@@ -62,6 +62,7 @@ from renyi._validation import fail
 from renyi.dpsgd.clipping import ClippedGradientEngine, Clipping, Mode, _Recording, _sq_norms
 from renyi.dpsgd.grad_sample import UnsupportedModelError
 from renyi.dpsgd.independence import CheckSchedule
+from renyi.dpsgd.layout import LayoutError, input_batch_dim
 from renyi.dpsgd.loss_graph import (
     SeamInfo,
     TracedOutput,
@@ -130,14 +131,21 @@ class _Call:
     positional or keyword arguments, nested or not) exchangeable for a slice of them."""
 
     def __init__(
-        self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], batch: int
+        self,
+        model: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        batch: int,
+        batch_first: bool = True,
     ) -> None:
         leaves, self.spec = tree_flatten((args, kwargs))
         self.model, self.leaves = model, [_detach(v) for v in leaves]
         self.where = [
             i
             for i, v in enumerate(self.leaves)
-            if isinstance(v, Tensor) and v.ndim > 0 and int(v.shape[0]) == batch
+            if isinstance(v, Tensor)
+            and v.ndim > 0
+            and int(v.shape[input_batch_dim(v, batch_first)]) == batch
         ]
 
     @property
@@ -195,8 +203,10 @@ class PerExampleCapture:
     Args:
         model: the model; its forward's batched tensors (positional or keyword, nested or
             not) and its floating-point outputs are batched along dim 0.
-        max_grad_norm, clipping, mode, gamma, self_check, check_budget: as for
-            :class:`~renyi.dpsgd.clipping.ClippedGradientEngine`.
+        max_grad_norm, clipping, mode, gamma, self_check, check_budget, batch_first: as for
+            :class:`~renyi.dpsgd.clipping.ClippedGradientEngine` (``batch_first=False``: the
+            model's batched inputs of two or more dimensions are ``[T, B, ...]``; its
+            outputs stay batched along dim 0).
         loss_reduction: accepted for Opacus compatibility (``"mean"`` or ``"sum"``); how the
             loss combines per-example terms is read from its graph
             (:mod:`renyi.dpsgd.loss_graph`).
@@ -215,12 +225,14 @@ class PerExampleCapture:
         loss_reduction: Literal["mean", "sum"] = "mean",
         mode: Mode = "auto",
         gamma: float = 0.01,
-        self_check: bool = True,
+        self_check: bool | Literal["strict"] = True,
         check_budget: float = 0.02,
+        batch_first: bool = True,
     ) -> None:
         if loss_reduction not in ("mean", "sum"):
             raise fail("loss_reduction", loss_reduction, "'mean' or 'sum'")
         self.loss_reduction = loss_reduction
+        self.batch_first = bool(batch_first)
         self.engine = ClippedGradientEngine(
             model,
             _inner_product,
@@ -230,6 +242,7 @@ class PerExampleCapture:
             gamma=gamma,
             self_check=self_check,
             check_budget=check_budget,
+            batch_first=batch_first,
         )
         self.model = model
         self._busy = False
@@ -347,10 +360,11 @@ class PerExampleCapture:
         tensors = [a for a in leaves if isinstance(a, Tensor)]
         if not tensors or tensors[0].ndim == 0:
             raise fail("model input", type(args).__name__, "a tensor batched along dim 0")
-        batch = int(tensors[0].shape[0])
+        batch = int(tensors[0].shape[input_batch_dim(tensors[0], self.batch_first)])
         rec = _Recording(self.engine._layers, hooks=True)
         self._holder[0] = rec
-        self._pending = _Pending(self, rec, _Call(module, args, kwargs, batch), batch)
+        call = _Call(module, args, kwargs, batch, self.batch_first)
+        self._pending = _Pending(self, rec, call, batch)
 
     def _after(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -457,7 +471,13 @@ class PerExampleCapture:
                 engine._self_check(inputs, gy, batch)
                 engine.schedule.record_check(time.perf_counter() - start)
                 start = time.perf_counter()
-            by_layer = engine._collect(rec, batch)
+            try:
+                by_layer = engine._collect(rec, batch)
+            except LayoutError:  # a batch dimension not yet learned: the check learns it
+                if not engine.self_check:
+                    raise
+                engine._self_check(inputs, gy, batch)
+                by_layer = engine._collect(rec, batch)
             sq = _sq_norms(by_layer)
             engine.schedule.record_step(time.perf_counter() - start)
             self._probe_schedule.record_step(time.perf_counter() - start)

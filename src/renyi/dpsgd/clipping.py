@@ -68,15 +68,8 @@ from renyi.dpsgd.grad_sample import (
     per_example_losses,
     trainable_parameters,
 )
-from renyi.dpsgd.independence import (
-    CheckSchedule,
-    ExampleMixingError,
-    autocast_enabled,
-    check_conditions,
-    compare_example_grads,
-    locate_mixing,
-    tolerance_for,
-)
+from renyi.dpsgd.independence import CheckSchedule, CheckStats, run_check
+from renyi.dpsgd.layout import BatchLayout, LayoutError, input_batch_dim
 from renyi.dpsgd.registry import apply_rule, rule_for, verify_rule
 
 __all__ = ["CLIP_MARGIN", "ClippedGradientEngine", "clipping_weights"]
@@ -242,17 +235,19 @@ class ClippedGradientEngine:
 
     :attr:`mode` is the mode actually used: ``"ghost"``, ``"hybrid"`` or ``"vmap"``.
 
-    **Independence check** (``self_check=True``, default; layer-wise modes): per-example
-    gradients read off a batched forward pass are right only if no operation mixes the
-    examples of the batch. On the first two batches, and then on randomly chosen batches
-    within 2 % of the engine's time (:class:`renyi.dpsgd.independence.CheckSchedule`), two
-    examples of the batch (a batch of one is padded with a public all-zero dummy) are run
-    through the engine and, each alone, through the model's own forward and plain autograd,
-    in the model's current train/eval mode (dropout switched off, buffers and RNG restored).
-    A mismatch raises :class:`~renyi.dpsgd.independence.ExampleMixingError` naming the
-    layer or operation that mixes examples (or :class:`UnsupportedModelError` when the
-    forward agrees but a parameter is used outside its module), before the batch's clipped
-    sum is returned. Whole-model ``vmap`` evaluates every example alone and needs no check.
+    **Independence check** (``self_check=True``, default; ``"strict"``: every batch;
+    layer-wise modes): per-example gradients read off a batched forward pass are right only if
+    no operation mixes the examples of the batch. :func:`renyi.dpsgd.independence.run_check`
+    compares, on the first two batches and then on randomly chosen ones (at least 5 % of them,
+    more within ``check_budget`` of the engine's time), the engine's per-example gradients
+    of a few examples with each example run on its own through the model's own forward and
+    autograd (random draws replayed, a round-off bound derived from the computation, a
+    float64 recomputation before any refusal). A mismatch raises
+    :class:`~renyi.dpsgd.independence.ExampleMixingError` naming the layer or operation
+    (or :class:`UnsupportedModelError` when the forward agrees but a parameter is used
+    outside its module) before the batch's clipped sum is returned. Whole-model ``vmap``
+    evaluates every example alone and needs no check. The check also learns the batch
+    dimension of every layer call (:mod:`renyi.dpsgd.layout`: ``[T, B, d]`` tensors).
 
     **Precision**: activations and gradients in float16/bfloat16 (half-precision parameters
     or autocast) are converted to float32 for the norms, the clipping weights and the
@@ -261,7 +256,7 @@ class ClippedGradientEngine:
 
     Args:
         model: the model; its forward takes ``inputs`` (a tensor or tuple of tensors batched
-            along dim 0).
+            along dim 0, or dim 1 with ``batch_first=False``).
         loss_fn: a ``torch.nn`` loss module (evaluated with ``reduction="none"``) or a callable
             ``(outputs, targets) -> [B]`` per-example losses.
         max_grad_norm: ``C > 0``; for ``per_layer`` also one ``C_l`` per trainable parameter
@@ -270,8 +265,10 @@ class ClippedGradientEngine:
         mode: ``"auto"`` (default), ``"vmap"`` or ``"ghost"``.
         gamma: stability constant of automatic clipping (Bu et al. 2022 use 0.01).
         chunk_size: examples vectorised at once in whole-model ``vmap`` (``None``: all).
-        self_check: run the independence check (see above).
+        self_check: run the independence check (see above): ``True``, ``"strict"`` or ``False``.
         check_budget: fraction of the engine's time the later checks may take (default 0.02).
+        batch_first: ``False``: model inputs of two or more dimensions are ``[T, B, ...]``
+            (Opacus's meaning); one-dimensional inputs and ``targets`` are batched along dim 0.
 
     Raises:
         UnsupportedModelError: a layer mixes examples; ``mode="ghost"`` with a layer lacking a
@@ -300,9 +297,12 @@ class ClippedGradientEngine:
         mode: Mode = "auto",
         gamma: float = 0.01,
         chunk_size: int | None = None,
-        self_check: bool = True,
+        self_check: bool | Literal["strict"] = True,
         check_budget: float = 0.02,
+        batch_first: bool = True,
     ) -> None:
+        if self_check not in (True, False, "strict"):
+            raise fail("self_check", self_check, "True, False or 'strict' (every batch)")
         if clipping not in ("flat", "per_layer", "automatic"):
             raise fail("clipping", clipping, "one of 'flat', 'per_layer', 'automatic'")
         if mode not in ("auto", "vmap", "ghost"):
@@ -336,7 +336,10 @@ class ClippedGradientEngine:
         else:
             self.mode = "hybrid" if missing else "ghost"
         self.self_check = bool(self_check)
-        self.schedule = CheckSchedule(budget=budget)
+        self.schedule = CheckSchedule(budget=budget, strict=self_check == "strict")
+        self.check_stats = CheckStats()
+        self.layout = BatchLayout(batch_first)
+        self.layout.guess_ties = not self.self_check
         self._requested = mode
         #: How the model is called on (a slice of) the batched inputs: ``model(*inputs)``
         #: unless the capture path sets it (keyword arguments, nested inputs).
@@ -539,14 +542,25 @@ class ClippedGradientEngine:
                 self.schedule.record_check(time.perf_counter() - start)
                 start = time.perf_counter()
             if self.mode != "vmap":
-                by_layer, losses = self._layerwise(inputs, targets, batch)
+                try:
+                    by_layer, losses = self._layerwise(inputs, targets, batch)
+                except LayoutError:
+                    if not self.self_check:
+                        raise
+                    self._self_check(inputs, targets, batch)  # learns the batch dimensions
+                    by_layer, losses = self._layerwise(inputs, targets, batch)
         except _NotBatchFirstError:
             if self._requested != "auto":
                 raise
             self.mode = "vmap"  # a layer without a rule, not called batch-first
         if self.mode == "vmap":
             per_ex, losses = per_example_grads(
-                self.model, self.loss_fn, inputs, targets, chunk_size=self.chunk_size
+                self.model,
+                self.loss_fn,
+                inputs,
+                targets,
+                chunk_size=self.chunk_size,
+                batch_first=self.layout.batch_first,
             )
             check_finite_losses(losses)
             by_layer = {"": (None, PerExampleGrads(per_ex))}
@@ -559,9 +573,11 @@ class ClippedGradientEngine:
         tensors = inputs if isinstance(inputs, tuple) else (inputs,)
         if not tensors or not all(isinstance(t, Tensor) and t.ndim > 0 for t in tensors):
             raise fail("inputs", type(inputs).__name__, "a tensor [B, ...] or tuple of them")
-        batch = int(tensors[0].shape[0])
-        if any(int(t.shape[0]) != batch for t in tensors):
-            raise fail("inputs", [tuple(t.shape) for t in tensors], "equal batch sizes (dim 0)")
+        bf = self.layout.batch_first
+        batch = int(tensors[0].shape[input_batch_dim(tensors[0], bf)])
+        if any(int(t.shape[input_batch_dim(t, bf)]) != batch for t in tensors):
+            where = "dim 0" if bf else "dim 1, or dim 0 of one-dimensional inputs"
+            raise fail("inputs", [tuple(t.shape) for t in tensors], f"equal batch sizes ({where})")
         if not isinstance(targets, Tensor) or targets.ndim == 0:
             raise fail("targets", type(targets).__name__, "a tensor [B, ...]")
         if int(targets.shape[0]) != batch:
@@ -638,6 +654,11 @@ class ClippedGradientEngine:
         self, inputs: Inputs, targets: Tensor, batch: int
     ) -> tuple[dict[str, tuple[_Layer | None, LayerGrads]], Tensor]:
         """One forward pass with hooks, one backward pass to the layer outputs only."""
+        rec, losses = self._record(inputs, targets, batch)
+        return self._collect(rec, batch), losses
+
+    def _record(self, inputs: Inputs, targets: Tensor, batch: int) -> tuple[_Recording, Tensor]:
+        """The forward pass with hooks and the backward pass to the layer outputs."""
         args = inputs if isinstance(inputs, tuple) else (inputs,)
         with torch.enable_grad():  # also inside a caller's torch.no_grad()
             with self._recording(hooks=False) as holder:
@@ -648,7 +669,7 @@ class ClippedGradientEngine:
             if rec.edges and losses.requires_grad:
                 grads = torch.autograd.grad(losses.sum(), rec.edges, allow_unused=True)
                 rec.grads = list(grads)
-        return self._collect(rec, batch), losses
+        return rec, losses
 
     def _collect(self, rec: _Recording, batch: int) -> dict[str, tuple[_Layer | None, LayerGrads]]:
         """Per-layer gradient information from a recording whose backward has run."""
@@ -676,7 +697,15 @@ class ClippedGradientEngine:
                 grads: LayerGrads = LinearMapGrads(calls, {n: own[n] for n in lay.local}, batch)
             else:
                 calls_h = [(a, k, [rec.grad(i) for i in ids]) for a, k, ids in rec.records[name]]
-                grads = self._layer_grads(lay, calls_h, batch)
+                fixed = isinstance(lay.module, _CHANNELS_FIRST)
+                if lay.kind == "vmap":  # called in the layer's own layout, batch dims given
+                    dims = [
+                        self.layout.batch_dims(name, i, c, batch) for i, c in enumerate(calls_h)
+                    ]
+                    grads = self._layer_grads(lay, calls_h, batch, dims)
+                else:
+                    calls_h = self.layout.to_batch_first(name, calls_h, batch, fixed)
+                    grads = self._layer_grads(lay, calls_h, batch)
             result[name] = (lay, grads)
         return result
 
@@ -685,11 +714,12 @@ class ClippedGradientEngine:
         lay: _Layer,
         calls: list[tuple[tuple[Any, ...], dict[str, Any], list[Tensor | None]]],
         batch: int,
+        dims: Sequence[Mapping[str, int | None]] | None = None,
     ) -> LayerGrads:
         if lay.kind == "ghost":
             return ghost_layer_grads(lay.module, calls, lay.local, batch)
         total: dict[str, Tensor] = {}
-        for args, kwargs, gouts in calls:
+        for occ, (args, kwargs, gouts) in enumerate(calls):
             if all(g is None for g in gouts):
                 continue
             if lay.kind == "rule":
@@ -699,17 +729,19 @@ class ClippedGradientEngine:
                     verify_rule(lay.module, rule, args, kwargs, gouts)
                 g = apply_rule(rule, lay.module, args, gouts, lay.local)
             else:
-                batched_out = all(g is None or (g.ndim > 0 and g.shape[0] == batch) for g in gouts)
-                batched_in = any(
-                    isinstance(t, Tensor) and t.ndim > 0 and t.shape[0] == batch
-                    for t in (*args, *kwargs.values())
+                bd = dims[occ] if dims is not None else {}
+                batched_out = all(
+                    g is None or bd.get(f"out{i}") is not None for i, g in enumerate(gouts)
                 )
+                batched_in = any(d is not None for s, d in bd.items() if not s.startswith("out"))
                 if not (batched_out and batched_in):
                     raise _NotBatchFirstError(
                         f"layer {lay.name!r} ({type(lay.module).__name__}) is not called with "
                         "the batch along dim 0 of its input and output; use mode='vmap'"
                     )
-                g = layer_per_example_grads(lay.module, args, kwargs, gouts, lay.local, batch)
+                g = layer_per_example_grads(
+                    lay.module, args, kwargs, gouts, lay.local, batch, batch_dims=bd
+                )
             total = {n: total[n] + g[n] if n in total else g[n] for n in g}
         if not total:
             total = {
@@ -720,86 +752,14 @@ class ClippedGradientEngine:
         return PerExampleGrads(total)
 
     # ------------------------------------------------------------------ independence check
-    def _check_batch_of(
-        self, inputs: Inputs, targets: Tensor, batch: int
-    ) -> tuple[tuple[Tensor, ...], Tensor]:
-        """Two examples of the batch for the check: the first two on the first checks, a
-        random pair later; a batch of one is padded with a public all-zero dummy example."""
-        args = inputs if isinstance(inputs, tuple) else (inputs,)
-        if batch == 1:
-            return (
-                tuple(torch.cat([a[:1], torch.zeros_like(a[:1])]) for a in args),
-                torch.cat([targets[:1], torch.zeros_like(targets[:1])]),
-            )
-        if self.schedule.checks < self.schedule.first:
-            idx = [0, 1]
-        else:
-            idx = self.schedule.rng.sample(range(batch), 2)
-        index = torch.tensor(idx, device=targets.device)
-        return tuple(a.index_select(0, index.to(a.device)) for a in args), targets[index]
-
     def _self_check(self, inputs: Inputs, targets: Tensor, batch: int) -> None:
-        """The independence check (see the class docstring) on two examples of the batch."""
-        sub, sub_y = self._check_batch_of(inputs, targets, batch)
-        k = 2
-        model = self.model
-        dtypes = [p.dtype for p in self._params.values()]
-        dtypes += [a.dtype for a in sub if a.is_floating_point()]
-        tol = tolerance_for(dtypes, autocast_enabled(sub[0].device.type))
-        with check_conditions(model):
-            try:
-                by_layer, _ = self._layerwise(sub, sub_y, k)
-                sq = _sq_norms(by_layer)
-            except NonFiniteGradientError:
-                return  # the step itself reports it
-            if not all(bool(torch.isfinite(v).all()) for v in sq.values()):
-                return
-            params = list(self._params.values())
-            bad: list[tuple[int, float, float]] = []
-            for j in range(k):
-                onehot = torch.zeros(k, dtype=torch.float64, device=sub_y.device)
-                onehot[j] = 1.0
-                got = self._weighted(by_layer, dict.fromkeys(self._params, onehot))
-                with torch.enable_grad():
-                    out = self._call(tuple(a[j : j + 1] for a in sub))
-                    loss = per_example_losses(self.loss_fn, out, sub_y[j : j + 1]).sum()
-                    ref = torch.autograd.grad(loss, params, allow_unused=True)
-                want = {
-                    n: torch.zeros_like(p) if r is None else r
-                    for (n, p), r in zip(self._params.items(), ref, strict=True)
-                }
-                diff = compare_example_grads(got, want, tol)
-                if diff is not None:
-                    bad.append((j, *diff))
-            if not bad:
-                return
-            where = locate_mixing(
-                model,
-                lambda: self._call(sub),
-                lambda j: self._call(tuple(a[j : j + 1] for a in sub)),
-                k,
-                tol=tol,
-            )
-        j, dist, ref_norm = bad[0]
-        found = (
-            f"per-example gradient of example {j} of a checked pair differs from the same "
-            f"example run alone (distance {dist:.3g}, norm {ref_norm:.3g})"
-        )
-        if where is not None:
-            raise ExampleMixingError(
-                f"{where} mixes the examples of a batch: its output for one example depends on "
-                f"the other examples ({found}, model in "
-                f"{'training' if model.training else 'eval'} mode). DP-SGD clips each "
-                "example's gradient, which bounds the update's sensitivity only if examples are "
-                "processed independently; use per-example operations (nn.GroupNorm or "
-                "nn.LayerNorm instead of batch statistics). No update was released."
-            )
-        raise UnsupportedModelError(
-            f"the layer-wise per-example gradients are wrong for this model: {found}, although "
-            "every module's output agrees. A parameter is used outside the forward of its "
-            "module, or the loss or a backward pass mixes examples. Use mode='vmap' for the "
-            "former. No update was released."
-        )
+        """The independence check (see the class docstring and
+        :func:`renyi.dpsgd.independence.run_check`)."""
+        run_check(self, inputs, targets, batch)
+
+
+#: Layers whose dimension 1 is channels: their batch is dimension 0.
+_CHANNELS_FIRST: tuple[type[nn.Module], ...] = (nn.modules.conv._ConvNd, nn.GroupNorm)
 
 
 @contextmanager

@@ -30,7 +30,8 @@ Example:
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -200,6 +201,7 @@ def per_example_grads(
     targets: Tensor,
     *,
     chunk_size: int | None = None,
+    batch_first: bool = True,
 ) -> tuple[dict[str, Tensor], Tensor]:
     """Gradient of every example's loss w.r.t. every trainable parameter, via ``torch.func``.
 
@@ -213,6 +215,8 @@ def per_example_grads(
         loss_fn: see :func:`per_example_losses`.
         inputs, targets: the batch, ``B`` examples along dim 0.
         chunk_size: examples vectorised at once (``None``: all); lowers peak memory.
+        batch_first: ``False``: inputs of two or more dimensions are batched along dim 1
+            (``[T, B, ...]``, Opacus's meaning); targets stay batched along dim 0.
 
     Returns:
         ``(grads, losses)``: ``grads[name]`` has shape ``[B, *param.shape]``; ``losses`` is
@@ -221,23 +225,58 @@ def per_example_grads(
     params = {n: p.detach() for n, p in trainable_parameters(model).items()}
     buffers = {n: b.detach() for n, b in model.named_buffers()}
     args = inputs if isinstance(inputs, tuple) else (inputs,)
+    dims = tuple(0 if batch_first or t.ndim < 2 else 1 for t in args)
 
     def loss_one(
         p: dict[str, Tensor], b: dict[str, Tensor], x: tuple[Tensor, ...], y: Tensor
     ) -> tuple[Tensor, Tensor]:
-        xs = tuple(t.unsqueeze(0) for t in x)
+        xs = tuple(t.unsqueeze(d) for t, d in zip(x, dims, strict=True))
         out = functional_call(model, (p, b), xs)
         loss = per_example_losses(loss_fn, out, y.unsqueeze(0))
         return loss.sum(), loss.detach()
 
     fn = vmap(
         grad(loss_one, has_aux=True),
-        in_dims=(None, None, 0, 0),
+        in_dims=(None, None, dims, 0),
         randomness="different",
         chunk_size=chunk_size,
     )
-    grads, losses = fn(params, buffers, args, targets)
+    with _functorch_errors(f"the model ({type(model).__name__})", whole_model=True):
+        grads, losses = fn(params, buffers, args, targets)
     return dict(grads), losses.reshape(-1)
+
+
+@contextmanager
+def _functorch_errors(what: str, whole_model: bool) -> Iterator[None]:
+    """Our error for what ``torch.func`` cannot differentiate per example."""
+    try:
+        yield
+    except RuntimeError as err:
+        text = str(err)
+        if "autograd.Function" in text or "setup_context" in text:
+            fix = (
+                "train with mode='auto' (grad_sample_mode='hooks'/'ghost') and register a "
+                "per-sample rule for the layer type that calls it"
+                if whole_model
+                else "register a per-sample rule for the layer type"
+            )
+            raise UnsupportedModelError(
+                f"{what} calls a custom torch.autograd.Function that torch.func cannot "
+                "differentiate per example (no setup_context staticmethod / vmap support): "
+                f"{fix} with renyi.dpsgd.register_grad_sampler(LayerType) (Opacus's "
+                "signature: fn(layer, activations, backprops) -> {parameter: [B, ...]}), or "
+                "give the Function a setup_context staticmethod and generate_vmap_rule = True"
+            ) from None
+        if "randomness" in text and "vmap" in text:
+            raise UnsupportedModelError(
+                f"{what} draws random numbers (e.g. dropout) inside a layer that owns "
+                "parameters and has no per-example rule, so its per-example gradient cannot "
+                "be recomputed with the same random draws: move the randomness into its own "
+                "module (nn.Dropout) or outside the layer, register a rule with "
+                "renyi.dpsgd.register_grad_sampler, or train with grad_sample_mode='vmap' "
+                "(mode='vmap')"
+            ) from None
+        raise
 
 
 def _is_batched(t: Any, batch: int) -> bool:
@@ -251,13 +290,17 @@ def layer_per_example_grads(
     grad_outputs: Sequence[Tensor | None],
     param_names: Sequence[str],
     batch: int,
+    *,
+    batch_dims: Mapping[str, int | None] | None = None,
 ) -> dict[str, Tensor]:
     """Per-example gradients of one layer's own parameters from its input and output gradient.
 
     For a layer ``y = f(theta, x)`` called on the batch, the gradient of example ``i``'s loss
     w.r.t. ``theta`` is ``J_theta f(theta, x_i)^T dL_i/dy_i`` (chain rule; example ``i``'s loss
     depends on ``theta`` through ``y_i`` only when no layer mixes examples). Computed as
-    ``vmap(grad(<f(theta, x_i), dL/dy_i>))`` over the batch.
+    ``vmap(grad(<f(theta, x_i), dL/dy_i>))`` over the batch; the layer is called on each
+    example in its own layout (a batch of one along each tensor's batch dimension). A layer
+    that draws random numbers in its forward is refused (its draws could not be repeated).
 
     Args:
         module: the layer; its forward must treat examples independently.
@@ -267,17 +310,29 @@ def layer_per_example_grads(
             the flattened output (tensor, or tuple/list of tensors).
         param_names: names (local to ``module``) of the parameters to differentiate.
         batch: the batch size.
+        batch_dims: the batch dimension of each tensor (``{"arg<i>" | "kw:<name>" |
+            "out<i>": dim or None}``, see :mod:`renyi.dpsgd.layout`); default: dim 0 where
+            its size is ``batch``.
 
     Returns:
         ``{name: [B, *param.shape]}``.
     """
     own = dict(module.named_parameters(recurse=False))
     params = {n: own[n].detach() for n in param_names}
-    batched_args = [_is_batched(a, batch) for a in args]
-    batched_kwargs = {k: _is_batched(v, batch) for k, v in kwargs.items()}
-    kw_batched = {k: v for k, v in kwargs.items() if batched_kwargs[k]}
-    kw_shared = {k: v for k, v in kwargs.items() if not batched_kwargs[k]}
+
+    def dim_of(slot: str, t: Any) -> int | None:
+        if batch_dims is not None and slot in batch_dims:
+            return batch_dims[slot]
+        return 0 if _is_batched(t, batch) else None
+
+    arg_dims = tuple(dim_of(f"arg{i}", a) for i, a in enumerate(args))
+    kw_dims = {k: dim_of(f"kw:{k}", v) for k, v in kwargs.items()}
+    kw_batched = {k: v for k, v in kwargs.items() if kw_dims[k] is not None}
+    kw_shared = {k: v for k, v in kwargs.items() if kw_dims[k] is None}
     gouts = tuple(grad_outputs)  # one per tensor output; None where it did not reach the loss
+    out_dims = tuple(
+        None if g is None else (dim_of(f"out{i}", g) or 0) for i, g in enumerate(gouts)
+    )
 
     def inner(
         p: dict[str, Tensor],
@@ -286,21 +341,24 @@ def layer_per_example_grads(
         gy: tuple[Tensor | None, ...],
     ) -> Tensor:
         call_args = tuple(
-            a.unsqueeze(0) if is_b else a for a, is_b in zip(xa, batched_args, strict=True)
+            a if d is None else a.unsqueeze(d) for a, d in zip(xa, arg_dims, strict=True)
         )
-        call_kwargs = {k: v.unsqueeze(0) for k, v in xk.items()} | kw_shared
+        call_kwargs = {k: v.unsqueeze(kw_dims[k] or 0) for k, v in xk.items()} | kw_shared
         out = functional_call(module, p, call_args, call_kwargs)
         outs = _flatten_outputs(out)
         total = torch.zeros((), dtype=next(iter(p.values())).dtype, device=outs[0].device)
-        for o, g in zip(outs, gy, strict=True):
+        for o, g, d in zip(outs, gy, out_dims, strict=True):
             if g is not None:
-                total = total + (o * g.unsqueeze(0)).sum()
+                total = total + (o * g.unsqueeze(d or 0)).sum()
         return total
 
-    arg_dims = tuple(0 if b else None for b in batched_args)
-    gout_dims = tuple(0 if g is not None else None for g in gouts)
-    fn = vmap(grad(inner), in_dims=(None, arg_dims, 0, gout_dims), randomness="different")
-    result: dict[str, Tensor] = fn(params, tuple(args), kw_batched, gouts)
+    fn = vmap(
+        grad(inner),
+        in_dims=(None, arg_dims, {k: kw_dims[k] for k in kw_batched}, out_dims),
+        randomness="error",
+    )
+    with _functorch_errors(f"a layer of type {type(module).__name__}", whole_model=False):
+        result: dict[str, Tensor] = fn(params, tuple(args), kw_batched, gouts)
     return result
 
 
