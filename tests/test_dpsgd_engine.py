@@ -257,7 +257,6 @@ def test_ghost_mode_returns_the_criterion_as_opacus() -> None:
         ({"poisson_sampling": False, "sampling": "poisson"}, "poisson_sampling"),
         ({"sampling": "bogus"}, "sampling"),
         ({"noise_generator": torch.Generator()}, "noise_generator"),
-        ({"batch_first": False}, "batch_first"),
         ({"grad_sample_mode": "magic"}, "grad_sample_mode"),
         ({"clipping": "adaptive"}, "clipping='adaptive'"),
         ({"not_an_argument": 1}, "make_private keyword"),

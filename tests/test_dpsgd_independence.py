@@ -704,3 +704,55 @@ def test_mixing_below_float32_noise_is_still_refused_after_the_float64_recheck()
     engine = ClippedGradientEngine(WeakMix(), nn.CrossEntropyLoss(), max_grad_norm=1.0)
     with pytest.raises(ExampleMixingError, match="also when recomputed in float64"):
         engine.clipped_grad_sum(torch.randn(6, 4), torch.randint(0, 3, (6,)))
+
+
+# ---------------------------------------------------------------- a refusal is resumable
+
+
+def test_a_refused_step_leaves_a_state_that_resumes_as_if_it_never_happened() -> None:
+    """Two runs of three steps on the same batches; in the second, the model mixes during an
+    extra attempt before step 3 (refused, after a good micro-batch of that step was already
+    accumulated). The refusal keeps nothing: after fixing the model, step 3 gives the same
+    parameters and the same ε as the run that never failed."""
+    from renyi.accountants import make_accountant
+
+    def run(fail: bool) -> tuple[list[Tensor], float]:
+        torch.manual_seed(18)
+        model = LateMixer()
+        sampler = PoissonSampler(100, 0.1, 50, random_source=SeededRandomSource(0))
+        opt = DPOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            model=model,
+            loss_fn=nn.CrossEntropyLoss(),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            sampler=sampler,
+            accountant=make_accountant("rdp"),
+            random_source=SeededRandomSource(1),
+            engine=ClippedGradientEngine(
+                model, nn.CrossEntropyLoss(), max_grad_norm=1.0, self_check="strict"
+            ),
+        )
+        gen = torch.Generator().manual_seed(5)
+        batches = [(torch.randn(6, 4, generator=gen), torch.randint(0, 3, (6,), generator=gen))]
+        batches *= 3
+        for step, (x, y) in enumerate(batches):
+            if fail and step == 2:
+                opt.zero_grad()
+                opt.accumulate(x[:3], y[:3])  # a good micro-batch, then a mixing one
+                model.mix = True
+                with pytest.raises(ExampleMixingError, match="can resume"):
+                    opt.accumulate(x[3:], y[3:])
+                assert opt.steps_taken == 2 and opt._summed is None
+                assert all(p.grad is None for p in model.parameters())
+                model.mix = False  # the user fixes the model and goes on
+            opt.zero_grad()
+            opt.accumulate(x, y)
+            opt.step()
+        assert opt.steps_taken == 3
+        return [p.detach().clone() for p in model.parameters()], opt.epsilon(1e-5).epsilon
+
+    params_a, eps_a = run(fail=False)
+    params_b, eps_b = run(fail=True)
+    assert eps_a == eps_b
+    assert all(torch.equal(a, b) for a, b in zip(params_a, params_b, strict=True))

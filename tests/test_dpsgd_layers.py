@@ -370,6 +370,29 @@ def test_sequence_first_layouts_match_each_example_alone(
     assert torch.allclose(norms, torch.stack([r.norm() for r in ref]), rtol=1e-9)
 
 
+def test_make_private_batch_first_false_trains_with_loss_backward() -> None:
+    """Opacus's ``make_private(batch_first=False)``: ``[T, B]`` batches from the loader."""
+    from renyi.dpsgd import PrivacyEngine
+
+    torch.manual_seed(8)
+    model = SequenceFirst()
+    data = torch.utils.data.TensorDataset(torch.randint(0, 20, (48, 5)), torch.randint(0, 3, (48,)))
+    model, opt, loader = PrivacyEngine(accountant="rdp").make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=torch.utils.data.DataLoader(data, batch_size=12),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        batch_first=False,
+        seed=0,
+    )
+    for x, y in loader:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x.t()), y).backward()  # sequence-first batches
+        opt.step()
+    assert opt.steps_taken == len(loader)
+
+
 # ---------------------------------------------------------------- custom autograd Functions
 
 

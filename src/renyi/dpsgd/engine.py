@@ -206,6 +206,7 @@ def _make_capture(
     clipping: str,
     loss_reduction: str,
     mode: str,
+    batch_first: bool = True,
 ) -> _OneForwardPerStep:
     """The hook capture of :mod:`renyi.dpsgd.capture`, one forward/backward per step."""
     from renyi.dpsgd.capture import PerExampleCapture
@@ -218,6 +219,7 @@ def _make_capture(
         clipping=clipping,  # type: ignore[arg-type]
         loss_reduction=loss_reduction,  # type: ignore[arg-type]
         mode=mode,  # type: ignore[arg-type]
+        batch_first=batch_first,
     )
     return _OneForwardPerStep(capture, module)
 
@@ -485,8 +487,6 @@ class PrivacyEngine:
             raise fail("module", type(module).__name__, "a torch.nn.Module")
         if not isinstance(data_loader, DataLoader):
             raise fail("data_loader", type(data_loader).__name__, "a torch DataLoader")
-        if not batch_first:
-            raise fail("batch_first", batch_first, "True (inputs batched along dim 0)")
         kind, implied = _resolve_sampling(poisson_sampling, sampling)
         if noise_generator is not None:
             raise fail(
@@ -555,6 +555,7 @@ class PrivacyEngine:
             clipping=engine_clipping,
             loss_reduction=loss_reduction,
             mode=mode,
+            batch_first=bool(batch_first),
         )
         from renyi.dpsgd.clipping import ClippedGradientEngine
 
@@ -564,6 +565,7 @@ class PrivacyEngine:
             max_grad_norm=max_grad_norm,
             clipping=engine_clipping,  # type: ignore[arg-type]
             mode=mode,  # type: ignore[arg-type]
+            batch_first=bool(batch_first),
         )
         common: dict[str, Any] = {
             "model": module,

@@ -50,7 +50,7 @@ import torch
 
 from renyi._validation import check_int, check_positive, fail
 from renyi.analysis.events import Event, Neighbouring
-from renyi.dpsgd.grad_sample import NonFiniteGradientError
+from renyi.dpsgd.grad_sample import NonFiniteGradientError, UnsupportedModelError
 from renyi.errors import BudgetExceededError, RenyiError
 
 __all__ = [
@@ -446,9 +446,13 @@ class DPOptimizer(torch.optim.Optimizer):
         losses: list[torch.Tensor] = []
         norms: list[torch.Tensor] = []
         for start in range(0, max(n, 1), chunk):
-            part_sums, part_losses, part_norms = self.engine.clipped_grad_sum(
-                _slice(inputs, start, start + chunk), targets[start : start + chunk]
-            )
+            try:
+                part_sums, part_losses, part_norms = self.engine.clipped_grad_sum(
+                    _slice(inputs, start, start + chunk), targets[start : start + chunk]
+                )
+            except UnsupportedModelError:
+                self._drop_batch()  # a refused model: nothing of this step is kept
+                raise
             for name, g in part_sums.items():
                 if name in sums:
                     sums[name] = sums[name] + g
@@ -749,6 +753,7 @@ class DPOptimizer(torch.optim.Optimizer):
             sums, n, norms = self._pop_captured(self.capture)
         except RenyiError as exc:
             if type(exc).__name__ != "MissingGradientError":
+                self._drop_batch()
                 raise  # a refused model or input (e.g. ExampleMixingError): its own error
             raise UnclippedGradientError(
                 f"step() refused: no per-example gradients were captured for this step ({exc}); "
@@ -778,6 +783,16 @@ class DPOptimizer(torch.optim.Optimizer):
         finally:
             capture.max_grad_norm = clip  # type: ignore[attr-defined]
         return {k: v / scale for k, v in sums.items()}, n, norms / scale
+
+    def _drop_batch(self) -> None:
+        """A refused step: forget the logical batch's clipped sums and the raw gradients of
+        the refused batch, so model, optimizer and accountant stay as before the step."""
+        self._summed, self._examples_seen = None, 0
+        self._skip_next = self._mid_batch = False
+        if self.capture is not None:
+            self.capture.zero_grad()
+        for p in self._params:
+            p.grad = None
 
     def _add_captured(self, sums: dict[str, torch.Tensor], n: int, norms: torch.Tensor) -> None:
         """Add a captured batch's clipped sums (hook for subclasses that use the norms)."""
