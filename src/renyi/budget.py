@@ -96,7 +96,39 @@ from renyi.ledger import (
 )
 from renyi.ledger._base import same_digest
 
-__all__ = ["Budget", "Receipt", "event_pure_epsilon", "event_rho_exact"]
+__all__ = ["PERIODS", "Budget", "Receipt", "check_period", "event_pure_epsilon", "event_rho_exact"]
+
+PERIODS = ("day", "week", "month", "quarter", "year")
+_PERIOD_FORMS = {
+    "day": (r"\d{4}-\d{2}-\d{2}", "YYYY-MM-DD"),
+    "week": (r"\d{4}-W\d{2}", "YYYY-Www (ISO week)"),
+    "month": (r"\d{4}-\d{2}", "YYYY-MM"),
+    "quarter": (r"\d{4}-Q[1-4]", "YYYY-Qn"),
+    "year": (r"\d{4}", "YYYY"),
+}
+
+
+def check_period(unit: str, value: str) -> str:
+    """A period of a time-bucketed budget, e.g. ``check_period("month", "2026-11")``."""
+    import datetime as _dt
+    import re
+
+    pattern, form = _PERIOD_FORMS[unit]
+    ok = isinstance(value, str) and re.fullmatch(pattern, value) is not None
+    if ok:
+        try:
+            if unit == "day":
+                _dt.date.fromisoformat(value)
+            elif unit == "week":
+                _dt.date.fromisocalendar(int(value[:4]), int(value[6:]), 1)
+            elif unit == "month":
+                _dt.date(int(value[:4]), int(value[5:]), 1)
+        except ValueError:
+            ok = False
+    if not ok:
+        raise fail("period", value, f"a {unit} written {form}")
+    return value
+
 
 _ROUND_UP = 1.0 + 4 * np.finfo(np.float64).eps  # inflate computed RDP costs by a few ulps
 _ULPS_UP = Fraction(1) + Fraction(1, 2**49)  # ~8 ulps up, for costs computed in floats
@@ -208,6 +240,10 @@ def _show(x: Fraction) -> str:
     return repr(float(x))
 
 
+def _flt(x: Fraction) -> float:
+    return math.inf if x >= _INF else float(x)
+
+
 def _enc(values: NDArray[np.float64]) -> list[Any]:
     return [float(v) if math.isfinite(v) else "inf" for v in values]
 
@@ -275,6 +311,12 @@ class Budget:
             without the key. A keyed ledger must always be opened with its key.
         expect_id: the ledger id (``budget.ledger_id``, shown by ``renyi ledger show``) that
             an existing ledger must carry: refuses a ledger swapped for another one.
+        period: ``"day"``, ``"week"``, ``"month"``, ``"quarter"`` or ``"year"`` for a
+            *time-bucketed* budget: every period's data gets its own budget of this size
+            (:meth:`bucket`), and nothing is spent against this ledger itself. Sound only when
+            each period's data are disjoint from every other period's and each release reads
+            one period's data (parallel composition); a person whose records fall in k periods
+            is protected at k times the per-period budget (docs/budget.md).
     """
 
     def __init__(
@@ -288,11 +330,25 @@ class Budget:
         ledger: str | os.PathLike[str] | LedgerStore | None = None,
         key: bytes | str | None = None,
         expect_id: str | None = None,
+        period: str | None = None,
     ) -> None:
-        self._key = _key_bytes(key)
         spec = _make_spec(epsilon, delta, rho, curve, orders)
+        if period is not None:
+            if period not in PERIODS:
+                raise fail("period", period, f"None or one of {', '.join(PERIODS)}")
+            spec["period"] = period
+        self._init(spec, open_store(ledger), _key_bytes(key), expect_id)
+
+    def _init(
+        self,
+        spec: dict[str, Any],
+        store: LedgerStore,
+        key: bytes | None,
+        expect_id: str | None,
+    ) -> None:
+        self._key = key
         spec["chain"] = CHAIN_HMAC if self._key is not None else CHAIN_SHA256
-        self._store = open_store(ledger)
+        self._store = store
         self._spec = spec
         self._id = new_ledger_id()
         self._setup()
@@ -387,6 +443,22 @@ class Budget:
             planned_steps=planned_steps,
         )
 
+    def bucket(self, period: str) -> Budget:
+        """The budget of one period of a time-bucketed budget (created on first use).
+
+        It is the ledger ``<name>@<period>`` of the same store, with this budget's limit and
+        key, e.g. ``budget.bucket("2026-11")`` for ``period="month"``. Each bucket is its own
+        filter: sound only for releases that read that period's data alone (see ``period``).
+        """
+        if self.period is None:
+            raise fail("period", None, "a time-bucketed budget (Budget(..., period=...))")
+        check_period(self.period, period)
+        spec = {k: v for k, v in self._spec.items() if k not in ("period", "chain")}
+        spec.update(bucket=period, bucket_of=self.name)
+        out = Budget.__new__(Budget)
+        out._init(spec, self._store.named(f"{self.name}@{period}"), self._key, None)
+        return out
+
     def _check_expected(self, expect_id: str | None) -> None:
         if expect_id is not None and not same_digest(str(expect_id), self._id):
             raise LedgerError(
@@ -424,6 +496,7 @@ class Budget:
                 "damaged ledger; refusing to use it"
             ) from None
         self.kind: str = kind
+        self.period: str | None = self._spec.get("period")
         self._genesis = genesis_digest(self._spec, self._key, self._id, self.name)
         self._cost_cache: dict[tuple[str, int], Any] = {}
 
@@ -479,6 +552,8 @@ class Budget:
             what = f"epsilon={s['epsilon']}, delta={s['delta']}"
         else:
             what = "rdp curve"
+        if self.period is not None:
+            what += f", period={self.period!r}"
         return f"Budget({what})"
 
     # ------------------------------------------------------------------ costs
@@ -728,6 +803,14 @@ class Budget:
         nothing; the same key with a different event, count or label raises
         :class:`~renyi.ledger.IdempotencyConflictError`.
         """
+        if self.period is not None:
+            raise fail(
+                "ledger",
+                self.name,
+                f"a period's bucket: this budget is renewed every {self.period} for that "
+                f"period's data only; spend with budget.bucket(<the {self.period}>) (ledger "
+                f"'{self.name}@<{self.period}>' of the service)",
+            )
         cost = self.cost(event, count)
         event_dict = event.to_dict()
         meta = dict(metadata or {})
@@ -815,6 +898,75 @@ class Budget:
         privacy is spent.
         """
         yield self.spend(event, count, label=label, metadata=metadata)
+
+    def quote(self, event: Event, count: int = 1) -> dict[str, Any]:
+        """What ``spend(event, count)`` would cost now, in the user's units (no state change).
+
+        Keys: ``fits``, and ``epsilon_spent``, ``epsilon_cost`` (the rise of ε spent at the
+        budget's δ), ``epsilon_after``, ``epsilon_remaining`` (pure and (ε, δ) budgets), or
+        the same with ``rho`` (zCDP). Infinite costs are ``inf``.
+        """
+        spent = self._spent()
+        cost = self.cost(event, count)
+        new = spent + cost
+        out: dict[str, Any] = {"fits": bool(self._fits(new))}
+        if self.kind in ("pure", "zcdp"):
+            unit = "epsilon" if self.kind == "pure" else "rho"
+            cap = self._cap()
+            out.update(
+                {
+                    f"{unit}_spent": _flt(spent),
+                    f"{unit}_cost": _flt(cost),
+                    f"{unit}_after": _flt(new),
+                    f"{unit}_remaining": _flt(max(cap - spent, Fraction(0))),
+                }
+            )
+        elif self.kind == "approx":
+            eps0, eps1 = self._epsilon_of(spent), self._epsilon_of(new)
+            target = float(self._spec["epsilon"])
+            out.update(
+                {
+                    "epsilon_spent": eps0,
+                    "epsilon_cost": eps1 - eps0,
+                    "epsilon_after": eps1,
+                    "epsilon_remaining": max(target - eps0, 0.0),
+                    "delta": float(self._spec["delta"]),
+                }
+            )
+        return out
+
+    def entries_since(self, start: int) -> list[LedgerEntry]:
+        """The entries from index ``start`` on, each checked against its link of the chain.
+
+        Cheap for a dashboard that keeps the entries it already has: the chain is verified
+        from the last verified entry as :meth:`spend` does, and every returned entry is
+        checked against its predecessor's link. :meth:`entries` re-verifies everything.
+        """
+        start = check_int("start", start, 0)
+        out: list[LedgerEntry] = []
+
+        def fn(t: Transaction) -> None:
+            self._sync(t)
+            n, where = self._n, self._store.describe()
+            if start >= n:
+                return
+            rows = t.entries(max(start - 1, 0))
+            prev = self._genesis
+            if start > 0:
+                if not rows or rows[0].index != start - 1:
+                    raise LedgerError(f"{where}: entry #{start - 1} is missing")
+                prev, rows = rows[0].hash, rows[1:]
+            for e in rows[: n - start]:
+                if not same_digest(e.hash, entry_digest(e, prev, self._key)):
+                    raise LedgerError(
+                        f"{where}: entry #{e.index} fails the hash chain; refusing to use this "
+                        "ledger"
+                    )
+                prev = e.hash
+                out.append(e)
+
+        self._store.read(fn)
+        return out
 
     def _spent(self) -> Any:
         """The verified spent total now (re-reading what other writers appended)."""

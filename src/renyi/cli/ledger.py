@@ -1,4 +1,4 @@
-"""``renyi ledger init|status|show|spend|fits``: budgets with a durable ledger, in ε.
+"""``renyi ledger init|status|show|spend|fits|serve|token``: budgets with a durable ledger.
 
 ``LEDGER`` is a SQLite file path or a ``postgresql://`` URL (a team ledger; ``#name`` picks
 one of several budgets in a file or database). A keyed (HMAC) ledger reads its key from the
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
 from renyi.analysis.events import (
@@ -25,6 +26,7 @@ from renyi.analysis.events import (
 )
 from renyi.budget import Budget
 from renyi.cli._output import format_table, print_json
+from renyi.ledger._base import describe_event
 
 _LEDGER_HELP = "ledger: a SQLite file path or a postgresql:// URL (key: $RENYI_LEDGER_KEY)"
 
@@ -39,6 +41,11 @@ def register(sub: Any) -> None:
     init.add_argument("--epsilon", type=float, help="pure ε budget, or (ε, δ) with --delta")
     init.add_argument("--delta", type=float, help="δ of an (ε, δ) budget, in (0, 1)")
     init.add_argument("--rho", type=float, help="zCDP budget ρ (> 0)")
+    init.add_argument(
+        "--period",
+        choices=["day", "week", "month", "quarter", "year"],
+        help="a time-bucketed budget: this budget for each period's data (disjoint data only)",
+    )
     init.add_argument("--json", action="store_true", help="print one JSON object")
     init.set_defaults(func=_init)
 
@@ -69,6 +76,32 @@ def register(sub: Any) -> None:
     _event_flags(fits)
     fits.add_argument("--json", action="store_true", help="print one JSON object")
     fits.set_defaults(func=_fits)
+
+    serve = lsub.add_parser(
+        "serve", help="serve every ledger of a store to a team (JSON API and dashboard)"
+    )
+    serve.add_argument("path", metavar="LEDGER", help=_LEDGER_HELP)
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; plain HTTP: put a TLS proxy in front "
+        "of any other address)",
+    )
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any)")
+    serve.set_defaults(func=_serve)
+
+    token = lsub.add_parser(
+        "token", help="create an access token of the ledger service (printed once)"
+    )
+    token.add_argument(
+        "path",
+        metavar="LEDGER",
+        help="the store; LEDGER#name scopes the token to that ledger (else: every ledger)",
+    )
+    token.add_argument("--name", required=True, help="who holds it: a person or a job")
+    token.add_argument("--role", required=True, choices=["read", "spend", "admin"])
+    token.add_argument("--json", action="store_true", help="print one JSON object")
+    token.set_defaults(func=_token)
 
 
 def _event_flags(p: argparse.ArgumentParser) -> None:
@@ -141,21 +174,6 @@ def _headline(b: Budget, st: dict[str, Any]) -> str:
     )
 
 
-def _describe(event: dict[str, Any]) -> str:
-    """A short readable form of a stored event: gaussian(σ=1.1) sampled at q=0.01, ..."""
-    kind = str(event.get("type", "?"))
-    if kind == "poisson_sampled" and isinstance(event.get("event"), dict):
-        return f"{_describe(event['event'])} sampled at q={event.get('sampling_rate'):g}"
-    if kind == "self_composed" and isinstance(event.get("event"), dict):
-        return f"{event.get('count')} x {_describe(event['event'])}"
-    params = [
-        f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-        for k, v in event.items()
-        if k not in ("type", "neighbouring") and isinstance(v, int | float | str)
-    ]
-    return f"{kind}({', '.join(params)})"
-
-
 def _cost_text(b: Budget, cost: dict[str, Any]) -> str:
     if b.kind == "pure":
         return str(cost.get("epsilon", ""))
@@ -201,7 +219,14 @@ def _curves(b: Budget) -> dict[str, Any]:
 
 
 def _init(args: argparse.Namespace) -> int:
-    b = Budget(epsilon=args.epsilon, delta=args.delta, rho=args.rho, ledger=args.path, key=_key())
+    b = Budget(
+        epsilon=args.epsilon,
+        delta=args.delta,
+        rho=args.rho,
+        ledger=args.path,
+        key=_key(),
+        period=args.period,
+    )
     st = b.status()
     if args.json:
         print_json({"created": b.created, **_status_json(b, args.path)})
@@ -240,7 +265,7 @@ def _show(args: argparse.Namespace) -> int:
                 e.index,
                 e.time[:19],
                 e.label or "",
-                _describe(e.event),
+                describe_event(e.event),
                 e.count,
                 _cost_text(b, e.cost),
                 _num(after) if isinstance(after, float) else (after or ""),
@@ -277,5 +302,63 @@ def _fits(args: argparse.Namespace) -> int:
         print_json({"steps": steps, "event": event.to_dict(), **_status_json(b, args.path)})
     else:
         kind = "steps" if isinstance(event, PoissonSampledEvent | GaussianEvent) else "releases"
-        print(f"{steps} more {kind} of {_describe(event.to_dict())} fit: {_headline(b, st)}")
+        print(f"{steps} more {kind} of {describe_event(event.to_dict())} fit: {_headline(b, st)}")
     return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from renyi.cli.main import UsageError
+
+    try:
+        from renyi.ledger.service import serve
+    except ModuleNotFoundError as exc:
+        raise UsageError(
+            f"the ledger service needs {exc.name}: pip install 'renyi[service]'"
+        ) from None
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port}: expected 0..65535")
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"warning: listening on {args.host} in plain HTTP: tokens and ledgers cross the "
+            "network in clear unless a TLS-terminating reverse proxy is in front",
+            file=sys.stderr,
+        )
+    try:
+        serve(args.path, host=args.host, port=args.port, key=_key(), announce=_announce)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    return 0
+
+
+def _announce(line: str) -> None:
+    print(line, flush=True)
+
+
+def _token(args: argparse.Namespace) -> int:
+    from renyi.ledger import is_postgres_url, open_store
+    from renyi.ledger.tokens import create_token
+
+    path, _, scope = args.path.rpartition("#") if "#" in args.path else (args.path, "", "")
+    if not is_postgres_url(path) and os.path.exists(args.path):
+        path, scope = args.path, ""
+    store = open_store(path, create=False) if not is_postgres_url(path) else open_store(path)
+    if scope and store.named(scope).info() is None:
+        _no_ledger(store, scope)
+    token = create_token(store, name=args.name, role=args.role, scope=scope or "*")
+    if args.json:
+        print_json({"token": token, "name": args.name, "role": args.role, "scope": scope or "*"})
+    else:
+        print(token)
+        print(
+            f"(a {args.role} token for {args.name!r} on "
+            f"{'ledger ' + repr(scope) if scope else 'every ledger of the store'}; it is shown "
+            "only this once: the store keeps its hash)",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _no_ledger(store: Any, name: str) -> None:
+    from renyi.ledger import LedgerNotFoundError
+
+    raise LedgerNotFoundError(f"no ledger named {name!r} in {store.describe()}")

@@ -46,6 +46,7 @@ __all__ = [
     "MemoryLedgerStore",
     "TokenRecord",
     "Transaction",
+    "describe_event",
     "dumps",
     "entry_digest",
     "genesis_digest",
@@ -388,6 +389,21 @@ class MemoryLedgerStore:
         with self._lock:
             held = self._ledgers.get(self.name)
             return [] if held is None else list(reversed(held.refusals[-limit:]))
+
+
+def describe_event(event: dict[str, Any]) -> str:
+    """A short readable form of a stored event: gaussian(σ=1.1) sampled at q=0.01, ..."""
+    kind = str(event.get("type", "?"))
+    if kind == "poisson_sampled" and isinstance(event.get("event"), dict):
+        return f"{describe_event(event['event'])} sampled at q={event.get('sampling_rate'):g}"
+    if kind == "self_composed" and isinstance(event.get("event"), dict):
+        return f"{event.get('count')} x {describe_event(event['event'])}"
+    params = [
+        f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+        for k, v in event.items()
+        if k not in ("type", "neighbouring") and isinstance(v, int | float | str)
+    ]
+    return f"{kind}({', '.join(params)})"
 
 
 def now_iso() -> str:
