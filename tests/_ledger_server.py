@@ -67,21 +67,6 @@ class Server:
             stream.close()
 
 
-def token(target, name, role):
-    out = subprocess.run(
-        [sys.executable, "-m", "renyi", "ledger", "token", str(target), "--name", name]
-        + ["--role", role, "--json"],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    import json
-
-    return json.loads(out.stdout)["token"]
-
-
 def wait_until(fn, timeout=30.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
