@@ -191,3 +191,29 @@ def test_refused_spend_on_full_budget_still_exact(tmp_path):
     with pytest.raises(BudgetExceededError):
         b.spend(PureDpEvent(1.0))
     assert SQLiteLedgerStore(path).entries()[-1].index == 2
+
+
+def test_reopening_a_ledger_in_one_process_keeps_its_sqlite_locks(tmp_path):
+    """Opening the same file again used to read its header with open()/close(), which drops
+    every POSIX lock this process held on it: another process's last close then deleted the
+    WAL, and the next commit went to a deleted file (lost). One entry per spend must stay."""
+    import sys
+
+    path = tmp_path / "b.sqlite"
+    a = Budget(epsilon=10.0, ledger=path)
+    a.spend(PureDpEvent(1.0))
+    Budget.open(path)  # a second store on the same file, in the same process
+    peek = (
+        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+        "print(c.execute('SELECT COUNT(*) FROM entries').fetchone()[0]); c.close()"
+    )
+
+    def count():
+        out = subprocess.run(
+            [sys.executable, "-c", peek, str(path)], capture_output=True, text=True, timeout=60
+        )
+        return int(out.stdout)
+
+    assert count() == 1
+    a.spend(PureDpEvent(1.0))
+    assert count() == 2

@@ -314,6 +314,10 @@ class PrivacyEngine:
         secure_mode: accepted for Opacus compatibility; renyi's noise is always drawn from the
             secure source (a ``seed`` passed to ``make_private`` is the only way to get an
             insecure, reproducible run).
+        ledger, ledger_token: a budget every optimizer this engine makes charges before each
+            release (a ledger service URL ``http[s]://host:port#name`` with its token, a
+            ledger path or URL, or a Budget; :func:`renyi.ledger.client.budget_hook`): a
+            refused or unreachable ledger stops the step before any noise is drawn.
 
     Example:
         >>> import torch
@@ -329,7 +333,14 @@ class PrivacyEngine:
         (10, 10)
     """
 
-    def __init__(self, *, accountant: str = "prv", secure_mode: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        accountant: str = "prv",
+        secure_mode: bool = False,
+        ledger: Any = None,
+        ledger_token: str | None = None,
+    ) -> None:
         if accountant == "gdp":
             raise fail(
                 "accountant",
@@ -341,6 +352,7 @@ class PrivacyEngine:
             raise fail("accountant", accountant, f"one of {sorted(_ACCOUNTANTS)}")
         self.secure_mode = bool(secure_mode)
         self.accountant = _EngineAccountant(accountant)
+        self.ledger, self.ledger_token = ledger, ledger_token
 
     def get_epsilon(self, delta: float) -> float:
         """ε spent so far by every optimizer this engine made, at ``delta``."""
@@ -581,6 +593,12 @@ class PrivacyEngine:
             "target": _target,
             "allow_exceeding_target": allow_exceeding_target,
         }
+        if self.ledger is not None:
+            from renyi.ledger.client import budget_hook
+
+            common["budget"] = budget_hook(
+                self.ledger, token=self.ledger_token, planned_steps=steps
+            )
         dp_optimizer: DPOptimizer
         if adaptive is not None:
             from renyi.dpsgd.adaptive import AdaptiveClipDPOptimizer

@@ -646,6 +646,8 @@ def make_private(
     engine: ClippingEngine | None = None,
     budget: BudgetHook | None = None,
     allow_exceeding_target: bool = False,
+    ledger: Any = None,
+    ledger_token: str | None = None,
 ) -> PrivateTraining:
     """Calibrate σ to ``(target_epsilon, delta)`` and wire sampler, optimizer and accountant.
 
@@ -685,6 +687,11 @@ def make_private(
         allow_exceeding_target: with ``target_epsilon``, the optimizer refuses a step past
             the planned ``steps`` (:class:`~renyi.dpsgd.optimizer.PlanExceededError`) unless
             this is True.
+        ledger: a budget charged before every release, like ``budget``: a ledger service
+            URL (``http[s]://host:port#name``, with ``ledger_token`` or
+            ``$RENYI_LEDGER_TOKEN``), a ledger path or ``postgresql://`` URL, or a Budget
+            (:func:`renyi.ledger.client.budget_hook`). A refused or unreachable ledger stops
+            the step before any noise is drawn.
 
     The returned ``data_loader`` yields the planned batches in epochs of ``⌈1/q⌉`` batches
     (the sampler's ``steps_per_epoch`` for the epoch samplers) and ends after ``steps`` of
@@ -695,6 +702,8 @@ def make_private(
     """
     delta = check_delta(delta)
     max_grad_norm = check_positive("max_grad_norm", max_grad_norm)
+    if ledger is not None and budget is not None:
+        raise fail("ledger", ledger, "None when budget is given (one budget per training)")
     dataset = dataset_of(data)
     n = check_int("len(data)", len(dataset), 1)  # type: ignore[arg-type]
     if batch_size is None and isinstance(data, DataLoader):
@@ -720,6 +729,10 @@ def make_private(
     )
     sampler, sigma, steps = plan.sampler, plan.noise_multiplier, plan.steps
     source = sampler.random_source
+    if ledger is not None:
+        from renyi.ledger.client import budget_hook
+
+        budget = budget_hook(ledger, token=ledger_token, planned_steps=steps)
     dp_optimizer = DPOptimizer(
         optimizer,
         model=model,

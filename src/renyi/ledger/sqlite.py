@@ -203,6 +203,28 @@ class _SQLiteTxn:
         )
 
 
+# SQLite's locks are POSIX advisory locks, which a process loses on *every* fd of a file as
+# soon as it closes *any* fd of that file (sqlite.org/howtocorrupt.html, 2.2). Reading the
+# header with open()/close() while this process holds connections to the same file would drop
+# their locks: another process closing its last connection would then checkpoint and delete
+# the WAL under our feet, and our later commits would go to a deleted file. So the header is
+# read through one fd per file (device, inode) that is opened once and never closed.
+_HEADER_FDS: dict[tuple[int, int], int] = {}
+_HEADER_LOCK = threading.Lock()
+
+
+def _read_header(path: Path) -> bytes:
+    st = os.stat(path)
+    with _HEADER_LOCK:
+        fd = _HEADER_FDS.get((st.st_dev, st.st_ino))
+        if fd is None:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            held = os.fstat(fd)
+            _HEADER_FDS.setdefault((held.st_dev, held.st_ino), fd)
+            fd = _HEADER_FDS[(held.st_dev, held.st_ino)]
+    return os.pread(fd, 100, 0)
+
+
 def _fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
@@ -303,8 +325,8 @@ class SQLiteLedgerStore:
                 cached[1].close()
 
     def _check_file(self) -> None:
-        with _guard(self._where, "read the ledger"), open(self.path, "rb") as fh:
-            header = fh.read(100)
+        with _guard(self._where, "read the ledger"):
+            header = _read_header(self.path)
         size = self.path.stat().st_size
         if size == 0:
             raise LedgerError(
