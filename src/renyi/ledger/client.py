@@ -86,6 +86,7 @@ class RemoteBudget:
         self.job = job
         self.planned_steps = planned_steps
         self._steps = 0
+        self.retries = 0  # requests sent again after a lost answer (same idempotency key)
         info = self.status()
         self.kind: str = str(info.get("kind"))
         self.ledger_id: str = str(info.get("id"))
@@ -140,6 +141,7 @@ class RemoteBudget:
             except (OSError, http.client.HTTPException) as exc:
                 self.close()
                 problem = f"{type(exc).__name__}: {exc}"
+            self.retries += 1
             if time.monotonic() + delay > deadline:
                 raise LedgerError(
                     f"cannot reach the ledger service at {self.url} ({problem}) for "
