@@ -87,10 +87,10 @@ def _race(target, tmp_path, nproc, per, limit):
     server = Server(target)
     outdir = tmp_path / "out"
     outdir.mkdir()
+    args = [str(nproc), str(per), str(outdir)]
     try:
         done = subprocess.run(
-            [sys.executable, "-c", RACE, f"{server.url}#default", token, str(nproc), str(per)]
-            + [str(outdir)],
+            [sys.executable, "-c", RACE, f"{server.url}#default", token, *args],
             capture_output=True,
             text=True,
             env=_env(),
