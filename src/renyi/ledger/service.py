@@ -527,7 +527,7 @@ def _jobs(b: Budget, entries: list[LedgerEntry]) -> list[dict[str, Any]]:
         if not isinstance(job, str):
             continue
         j = jobs.setdefault(job, {"job": job, "who": e.metadata.get("who", ""), "steps": 0})
-        j["steps"] += e.count
+        j["steps"] += 1  # one charge per step (per epoch for the epoch samplers)
         j["last"] = e.time
         planned = e.metadata.get("planned_steps")
         if isinstance(planned, int) and planned > 0:
