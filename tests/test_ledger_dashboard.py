@@ -34,6 +34,8 @@ FLAGS = [
     "--window-size=1280,2400",
 ]
 STEP = PoissonSampledEvent(0.01, GaussianEvent(1.0))
+IDS = "epsilon-spent epsilon-remaining entries chain-status chain-head ledger-id".split()
+IDS += ["fits-steps", "fits-laplace"]
 
 
 def _fmt(x):
@@ -91,11 +93,7 @@ def test_dashboard_shows_what_the_api_says(tmp_path, browser):
         assert row.find_element(By.CLASS_NAME, "releases").text == str(info["entries"]) == "4"
 
         browser.get(server.url + "/ledgers/default?sigma=1.0&q=0.01&scale=10")
-        text = {
-            k: browser.find_element(By.ID, k).text
-            for k in ("epsilon-spent", "epsilon-remaining", "entries", "chain-status")
-            + ("chain-head", "ledger-id", "fits-steps", "fits-laplace")
-        }
+        text = {k: browser.find_element(By.ID, k).text for k in IDS}
         assert text["epsilon-spent"] == _fmt(info["epsilon_spent"])
         assert text["epsilon-remaining"] == _fmt(info["epsilon_remaining"])
         assert text["entries"] == str(info["entries"])
