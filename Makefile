@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-slow lint typecheck unit clean postgres-server
+.PHONY: demo test test-slow lint typecheck unit clean postgres-server browser
 
 $(VENV)/.base:
 	$(PYTHON) -m venv $(VENV)
@@ -39,18 +39,24 @@ postgres-server:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || \
 		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql)
 
+# The dashboard's browser test drives Debian's headless Chromium through its chromedriver
+# (Selenium with the system driver: no browser download); install both when missing.
+browser:
+	@(command -v chromium && command -v chromedriver) >/dev/null 2>&1 || \
+		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver)
+
 # tests/ plus every docstring example in src/renyi and every >>> example in docs/*.md.
 # Tests marked `slow` (extra high-precision reference grids, minutes each) run with
 # `make test-slow`; the required grids are in the default suite.
 # pytest-xdist spreads the suite over the machine's 2 cores (-n 2); statistical tests are
 # written to hold at load average 20, so a neighbouring worker does not disturb them.
-unit: $(VENV)/.dev postgres-server
+unit: $(VENV)/.dev postgres-server browser
 	MPLBACKEND=Agg $(PY) -m pytest -q -n 2 --durations=25 -m "not slow" tests
 	MPLBACKEND=Agg $(PY) -m pytest -q --doctest-modules --doctest-glob='*.md' src/renyi docs
 
 test: lint typecheck unit
 
-test-slow: $(VENV)/.dev postgres-server
+test-slow: $(VENV)/.dev postgres-server browser
 	MPLBACKEND=Agg $(PY) -m pytest -q -n 2 -m slow tests
 
 clean:
