@@ -114,7 +114,8 @@ def _get(url: str, path: str, token: str) -> float:
     host, port = url[len("http://") :].split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=120)
     t = time.perf_counter()
-    conn.request("GET", path, headers={"Cookie": f"renyi_ledger_token={token}"})
+    headers = {"Cookie": f"renyi_ledger_token={token}", "Authorization": f"Bearer {token}"}
+    conn.request("GET", path, headers=headers)
     resp = conn.getresponse()
     body = resp.read()
     dt = time.perf_counter() - t

@@ -256,3 +256,41 @@ def test_token_cli_prints_a_token_once_and_stores_its_hash(tmp_path, capsys):
     assert out["token"].startswith("rlt_") and out["role"] == "spend" and out["scope"] == "*"
     assert out["token"].split("_")[2].encode() not in path.read_bytes()  # only its hash
     assert main(["ledger", "token", f"{path}#nope", "--name", "x", "--role", "read"]) == 2
+
+
+def test_the_api_ignores_the_dashboard_cookie(service):
+    """Only pages read the login cookie: another site cannot make a logged-in browser spend."""
+    server, tokens, _ = service
+    host, port = server.url[len("http://") :].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    body = json.dumps({"event": LaplaceEvent(100.0).to_dict()})
+    cookie = {"Cookie": f"renyi_ledger_token={tokens['admin']}"}
+    conn.request("POST", "/api/v1/ledgers/default/spend", body=body, headers=cookie)
+    assert conn.getresponse().status == 401
+    conn.close()
+
+
+def test_an_internal_error_is_a_500_without_traceback(tmp_path):
+    """In process (Starlette's test client): a bug inside the service answers 500 with a
+    fixed message; what went wrong goes to the log, never to the client."""
+    testclient = pytest.importorskip("starlette.testclient")
+    from renyi.ledger.service import LedgerService, create_app
+
+    path = tmp_path / "b.sqlite"
+    Budget(epsilon=1.0, ledger=path)
+    store = open_store(str(path))
+    token = create_token(store, name="r", role="read")
+    service = LedgerService(store)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("secret detail /etc/passwd")
+
+    service.summary = broken
+    client = testclient.TestClient(create_app(service), raise_server_exceptions=False)
+    for path_ in ("/api/v1/ledgers/default", "/api/v1/ledgers"):
+        resp = client.get(path_, headers={"Authorization": f"Bearer {token}"})
+        assert resp.status_code == 500 and resp.json()["error"] == "internal"
+        assert "secret" not in resp.text and "Traceback" not in resp.text
+    client.cookies.set("renyi_ledger_token", token)
+    page = client.get("/")
+    assert page.status_code == 500 and "secret" not in page.text

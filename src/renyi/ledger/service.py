@@ -100,8 +100,22 @@ class LedgerService:
         self.key = key
         self._ledgers: dict[str, _Ledger] = {}
         self._lock = threading.Lock()
+        self._tokens: dict[str, tuple[float, TokenRecord]] = {}
         for name in store.names():
             self._open(name)  # raises on the first ledger that fails verification
+
+    def check_token(self, token: str) -> TokenRecord | None:
+        """The token's record (checked against the store at most every 30 s per token)."""
+        now = time.monotonic()
+        held = self._tokens.get(token)
+        if held is not None and now - held[0] < 30.0:
+            return held[1]
+        record = check_token(self.store, token)
+        if record is not None:
+            if len(self._tokens) > 10_000:
+                self._tokens.clear()
+            self._tokens[token] = (now, record)
+        return record
 
     # -- ledgers ------------------------------------------------------------------------
     def _open(self, name: str) -> _Ledger:
@@ -230,7 +244,6 @@ class LedgerService:
                 raise ApiError(503, "ledger_unavailable", str(exc)) from None
             except RenyiError as exc:  # e.g. an event a pure budget cannot price, a template
                 raise ApiError(422, "invalid", str(exc)) from None
-            self.refresh(held)
             after = _quote(held.budget, event, 0)
         entry = {
             "index": receipt.index,
@@ -568,13 +581,16 @@ def create_app(service: LedgerService) -> Any:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         return JSONResponse(body, status_code=exc.status, headers=headers)
 
-    def token_of(request: Request) -> TokenRecord:
+    def token_of(request: Request, *, cookie: bool = False) -> TokenRecord:
+        """The caller's token: the Authorization header (the API), or for the pages the
+        login cookie (never for the API, so no other site can make a browser spend)."""
         header = request.headers.get("authorization", "")
         token = header[7:].strip() if header.lower().startswith("bearer ") else None
-        token = token or request.cookies.get(COOKIE)
+        if cookie:
+            token = token or request.cookies.get(COOKIE)
         if not token:
             raise ApiError(401, "unauthorized", "a token is required (Authorization: Bearer ...)")
-        record = check_token(service.store, token)
+        record = service.check_token(token)
         if record is None:
             raise ApiError(401, "unauthorized", "unknown or malformed token")
         return record
@@ -694,7 +710,7 @@ def create_app(service: LedgerService) -> Any:
 
     def page_user(request: Request) -> TokenRecord | None:
         try:
-            return token_of(request)
+            return token_of(request, cookie=True)
         except ApiError:
             return None
 
