@@ -727,7 +727,10 @@ def create_app(service: LedgerService) -> Any:
         if record is None:
             return render("login.html", status=401, error="unknown or malformed token")
         resp = RedirectResponse("/", status_code=303)
-        resp.set_cookie(COOKIE, token, httponly=True, samesite="strict", max_age=12 * 3600)
+        https = request.headers.get("x-forwarded-proto") == "https" or request.url.scheme == "https"
+        resp.set_cookie(
+            COOKIE, token, httponly=True, samesite="strict", secure=https, max_age=12 * 3600
+        )
         return resp
 
     async def logout(request: Request) -> Response:
