@@ -87,16 +87,16 @@ class _Encoded(torch.utils.data.Dataset):  # type: ignore[misc]
         return dict(self.rows[i])
 
 
-def _gpt2(tok: Any, *, lora: bool = True, tie: bool = True) -> nn.Module:
+def _gpt2(tok: Any, *, lora: bool = True, tie: bool = True, dropout: float = 0.0) -> nn.Module:
     config = transformers.GPT2Config(
         vocab_size=len(tok),
         n_positions=32,
         n_embd=16,
         n_layer=2,
         n_head=2,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
         pad_token_id=tok.pad_token_id,
         tie_word_embeddings=tie,
     )
@@ -154,6 +154,9 @@ def _family(name: str, toks: dict[str, Any], lines: list[str]) -> tuple[nn.Modul
     if name == "gpt2-lora":
         tok = toks["bpe"]
         return _gpt2(tok), _Encoded(tok, lines), _clm(tok)
+    if name == "gpt2-lora-dropout":  # GPT-2's default dropout (0.1) everywhere
+        tok = toks["bpe"]
+        return _gpt2(tok, dropout=0.1), _Encoded(tok, lines), _clm(tok)
     if name == "llama-full":
         tok = toks["bpe"]
         return _llama(tok), _Encoded(tok, lines), _clm(tok)
@@ -212,7 +215,7 @@ def _state(model: nn.Module) -> dict[str, torch.Tensor]:
 FAMILIES = ["gpt2-lora", "llama-full", "bert-mlm-lora", "bert-cls-full"]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [*FAMILIES, "gpt2-lora-dropout"])
 def test_dptrainer_trains_each_family_and_reports_the_accountants_epsilon(
     family: str, tokenizers: dict[str, Any], lines: list[str], tmp_path: Path
 ) -> None:
@@ -357,3 +360,48 @@ def test_an_empty_poisson_batch_collates_to_zero_rows_with_hf_collators(
     batch = EmptyBatchCollate(data, _padding(tok))([])
     assert set(batch) >= {"input_ids", "attention_mask", "labels"}
     assert all(v.shape[0] == 0 for v in batch.values())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_opacus_loop_with_the_models_own_loss_is_sound_or_refused(
+    family: str, tokenizers: dict[str, Any], lines: list[str]
+) -> None:
+    """``outputs.loss.backward(); optimizer.step()`` through ``PrivacyEngine`` on the same
+    models, with their built-in (batch-mean) losses: what step() would noise moves by at
+    most C when one example leaves the batch, or the step is refused with renyi's error."""
+    from torch.utils.data import DataLoader
+
+    from renyi.dpsgd import PrivacyEngine
+    from renyi.errors import RenyiError
+
+    clip = 0.05
+    model, data, collator = _family(family, tokenizers, lines)
+    params = [p for p in model.parameters() if p.requires_grad]
+    module, optimizer, _ = PrivacyEngine(accountant="rdp").make_private(
+        module=model,
+        optimizer=torch.optim.SGD(params, lr=0.1),
+        data_loader=DataLoader(data, batch_size=BATCH, collate_fn=collator),
+        noise_multiplier=1.0,
+        max_grad_norm=clip,
+        seed=0,
+    )
+    torch.manual_seed(0)  # the masked-LM collator masks at random: one fixed batch
+    batch = dict(collator([data[i] for i in range(6)]))
+
+    def clipped(rows: list[int]) -> dict[str, torch.Tensor]:
+        module.zero_grad()
+        out = module(**{k: v[rows] for k, v in batch.items()})
+        out.loss.backward()
+        sums, count, _ = optimizer.capture.pop_clipped_sum()
+        assert count == len(rows)
+        return sums
+
+    try:
+        full = clipped(list(range(6)))
+    except RenyiError as refused:  # refused: renyi's error saying why, nothing released
+        assert str(refused)
+        return
+    for j in range(6):
+        part = clipped([i for i in range(6) if i != j])
+        diff = math.sqrt(sum(float((full[k] - part[k]).double().pow(2).sum()) for k in full))
+        assert diff <= clip * (1 + 1e-5), (family, j, diff / clip)

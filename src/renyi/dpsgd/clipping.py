@@ -717,6 +717,7 @@ class ClippedGradientEngine:
         dims: Sequence[Mapping[str, int | None]] | None = None,
     ) -> LayerGrads:
         if lay.kind == "ghost":
+            _require_batch_first(lay, calls, batch)
             return ghost_layer_grads(lay.module, calls, lay.local, batch)
         total: dict[str, Tensor] = {}
         for occ, (args, kwargs, gouts) in enumerate(calls):
@@ -756,6 +757,31 @@ class ClippedGradientEngine:
         """The independence check (see the class docstring and
         :func:`renyi.dpsgd.independence.run_check`)."""
         run_check(self, inputs, targets, batch)
+
+
+def _require_batch_first(
+    lay: _Layer,
+    calls: Sequence[tuple[tuple[Any, ...], dict[str, Any], list[Tensor | None]]],
+    batch: int,
+) -> None:
+    """Refuse a ghost-rule layer called with one input shared by the whole batch (e.g. the
+    ``[1, T]`` position ids of BERT and GPT-2 broadcast over the batch): the gradient at its
+    output is already summed over the examples, so no per-example gradient can be read off it.
+    """
+    for args, _, gouts in calls:
+        first = args[0] if args and isinstance(args[0], Tensor) else None
+        used = [g for g in gouts if g is not None]
+        if not used or first is None:
+            continue
+        if first.ndim == 0 or first.shape[0] != batch or any(g.shape[0] != batch for g in used):
+            raise UnsupportedModelError(
+                f"layer {lay.name!r} ({type(lay.module).__name__}) is called with an input of "
+                f"shape {tuple(first.shape)} shared by the batch of {batch} examples (e.g. "
+                "position ids broadcast over the batch): its per-example gradients cannot be "
+                "read off its output. Pass that input per example (Hugging Face models: "
+                "position_ids=torch.arange(T).expand(B, T)), or freeze the layer; nothing was "
+                "released"
+            )
 
 
 #: Layers whose dimension 1 is channels: their batch is dimension 0.
