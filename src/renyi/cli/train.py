@@ -108,10 +108,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--noise",
-        choices=("dpsgd", "tree", "banded", "blt"),
+        choices=("dpsgd", "tree", "banded", "blt", "auto"),
         default="dpsgd",
         help="dpsgd (independent noise, default) or correlated noise: tree (DP-FTRL), "
-        "banded (amplified banded MF) or blt (renyi.dpsgd.correlated)",
+        "banded (amplified banded MF), blt, or auto (the rule of "
+        "renyi.correlated.choice: DP-SGD unless correlation lowers the calibrated noise "
+        "by 10%%); with --sampling poisson or random-allocation (renyi.dpsgd.correlated)",
     )
     p.add_argument(
         "--bands",
@@ -252,10 +254,12 @@ def _run(args: argparse.Namespace) -> int:
         else:
             from renyi.dpsgd.correlated import make_private_correlated
 
-            if sampling != "poisson":
+            if sampling not in ("poisson", "random-allocation"):
                 from renyi._validation import fail
 
-                raise fail("--sampling", args.sampling, "poisson with --noise " + args.noise)
+                raise fail(
+                    "--sampling", args.sampling, "poisson or random-allocation with --noise"
+                )
             private = make_private_correlated(
                 model,
                 sgd,
@@ -263,6 +267,7 @@ def _run(args: argparse.Namespace) -> int:
                 noise=args.noise,
                 bands=args.bands,
                 buffers=args.buffers,
+                sampling=sampling,
                 **common,
             )
     trainer = Trainer(private, eval_data=test, progress=not (args.no_progress or args.json))
@@ -328,6 +333,9 @@ def _run(args: argparse.Namespace) -> int:
             analysis=plan.analysis,
             partitions=plan.partitions,
             sample_rate_in_partition=plan.sample_rate,
+            sampling=plan.sampling,
+            chosen_by=None if private.extra.get("choice") is None
+            else private.extra["choice"].reason,
             sensitivity=plan.sensitivity.value,
             charges=plan.charges,
         )

@@ -17,6 +17,25 @@ records joins with probability q — *cyclic Poisson sampling*):
   when not exact): ``GaussianEvent(σ)``. Sampling within partitions (q < 1) is not used by
   this analysis, which holds for every realised participation.
 
+**Random allocation ("balls in bins") instead of Poisson** (``sampling="random-allocation"``;
+the sampler is :class:`renyi.dpsgd.correlated.CyclicAllocationSampler`): the b partitions are
+drawn once as above; the run is cut into epochs of ``m`` rounds (``m · b`` steps) and in each
+epoch every record joins exactly ``k`` of the ``m`` steps of its partition, chosen uniformly
+and independently of the other records. With at most b bands the amplified argument goes
+through unchanged: given the record's partition, its rounds touch disjoint b-row blocks of
+``C G + Z``, so one epoch is ``k``-out-of-``m`` random allocation of b-row Gaussian blocks,
+each with noise multiplier σ relative to the largest column norm (a shorter column is a
+post-processing of the longest: scale the block down and add the missing noise). The run is
+``⌈T/(m·b)⌉`` compositions of ``RandomAllocationEvent(m, GaussianEvent(σ), k)`` (a last,
+partial epoch is a post-processing of a whole one), priced by
+:mod:`renyi.analysis.allocation` / :mod:`renyi.analysis.allocation_pld` (Feldman & Shenfeld
+2025; Chua et al. 2024). One band and one partition is exactly DP-SGD with
+:class:`~renyi.dpsgd.sampler.BallsInBinsSampler` (the same event). Wider ``C`` (BLT, tree):
+b-min-sep with at most ``k`` participations per epoch, ``k · ⌈T/(m·b)⌉`` in all (no
+amplification is claimed for them: the adaptive, multi-dimensional mixture of overlapping
+columns has no proven dominating pair here; :mod:`renyi.analysis.allocation_correlated`
+estimates what a scalar pair would give, by Monte Carlo).
+
 ``noise_multiplier`` σ is always relative to the sensitivity the analysis uses; the noise
 actually drawn is ``z ~ N(0, (σ · sens · clip)²)`` in the space of ``C`` (:attr:`noise_scale`
 = σ·sens per unit clipping norm), so the same σ means the same ε for every strategy.
@@ -29,14 +48,22 @@ from typing import Any, Literal
 
 from renyi._validation import check_int, check_positive, check_probability, fail
 from renyi.accountants import Accountant, make_accountant
-from renyi.analysis.events import Event, GaussianEvent, PoissonSampledEvent, SelfComposedEvent
-from renyi.calibration import CalibrationResult, calibrate_noise_multiplier
+from renyi.analysis.events import (
+    Event,
+    GaussianEvent,
+    PoissonSampledEvent,
+    RandomAllocationEvent,
+    SelfComposedEvent,
+)
+from renyi.calibration import CalibrationResult, calibrate_event_noise, calibrate_noise_multiplier
 from renyi.correlated.sensitivity import Sensitivity
 from renyi.correlated.strategies import Strategy
 
-__all__ = ["CorrelatedPlan", "calibrate_correlated", "correlated_plan"]
+__all__ = ["SAMPLINGS", "CorrelatedPlan", "calibrate_correlated", "correlated_plan"]
 
 Analysis = Literal["auto", "amplified", "min_sep"]
+Sampling = Literal["poisson", "random-allocation"]
+SAMPLINGS: tuple[str, ...] = ("poisson", "random-allocation")
 
 
 @dataclass(frozen=True)
@@ -51,6 +78,9 @@ class CorrelatedPlan:
         round_length: steps between charges (b; or T for min-sep).
         sensitivity: the sensitivity σ is relative to.
         noise_scale: σ · sensitivity — the std of ``z`` per unit clipping norm.
+        sampling: ``"poisson"`` (cyclic Poisson: ``sample_rate`` = q within a partition) or
+            ``"random-allocation"`` (``num_selected`` = k of ``rounds_per_epoch`` = m rounds
+            per epoch; ``sample_rate`` = k/m).
     """
 
     analysis: str
@@ -63,6 +93,9 @@ class CorrelatedPlan:
     charges: int
     round_length: int
     sensitivity: Sensitivity
+    sampling: str = "poisson"
+    rounds_per_epoch: int = 1
+    num_selected: int = 1
 
     @property
     def noise_scale(self) -> float:
@@ -88,11 +121,26 @@ class CorrelatedPlan:
             "sensitivity": self.sensitivity.value,
             "charges": self.charges,
             "step_event": self.step_event.to_dict(),
+            "sampling": self.sampling,
+            "rounds_per_epoch": self.rounds_per_epoch,
+            "num_selected": self.num_selected,
         }
 
 
 def _amplifiable(strategy: Strategy, partitions: int) -> bool:
     return strategy.bands is not None and strategy.bands <= partitions
+
+
+def _check_allocation(
+    t: int, b: int, rounds_per_epoch: int | None, num_selected: int
+) -> tuple[int, int]:
+    if rounds_per_epoch is None:
+        raise fail("rounds_per_epoch", None, "an integer >= 1 for sampling='random-allocation'")
+    m = check_int("rounds_per_epoch", rounds_per_epoch, 1)
+    k = check_int("num_selected", num_selected, 1)
+    if k > m:
+        raise fail("num_selected", num_selected, f"an integer in [1, rounds_per_epoch={m}]")
+    return m, k
 
 
 def correlated_plan(
@@ -103,28 +151,37 @@ def correlated_plan(
     partitions: int = 1,
     sample_rate: float = 1.0,
     analysis: Analysis = "auto",
+    sampling: Sampling = "poisson",
+    rounds_per_epoch: int | None = None,
+    num_selected: int = 1,
 ) -> CorrelatedPlan:
-    """The plan (event, sensitivity, noise scale) of ``strategy`` under cyclic Poisson sampling.
+    """The plan (event, sensitivity, noise scale) of ``strategy`` under cyclic sampling.
 
-    ``analysis="auto"``: amplified when ``C`` has at most ``partitions`` bands, else b-min-sep.
-    Asking for ``"amplified"`` with a wider ``C`` is refused (the theorem does not apply).
+    ``sampling="poisson"``: cyclic Poisson with rate ``sample_rate`` within a partition.
+    ``sampling="random-allocation"``: each epoch of ``rounds_per_epoch`` rounds, every record
+    joins ``num_selected`` of its partition's rounds (``sample_rate`` is ignored and set to
+    k/m). ``analysis="auto"``: amplified when ``C`` has at most ``partitions`` bands, else
+    b-min-sep. Asking for ``"amplified"`` with a wider ``C`` is refused (the theorem does
+    not apply).
 
     >>> from renyi.correlated.strategies import identity
     >>> p = correlated_plan(identity(), 100, 1.1, sample_rate=0.01)
     >>> p.step_event == PoissonSampledEvent(0.01, GaussianEvent(1.1)), p.charges
     (True, 100)
+    >>> p = correlated_plan(identity(), 100, 1.1, sampling="random-allocation",
+    ...                     rounds_per_epoch=50)
+    >>> p.step_event == RandomAllocationEvent(50, GaussianEvent(1.1)), p.charges
+    (True, 2)
     """
     t = check_int("steps", steps, 1)
     sigma = check_positive("noise_multiplier", noise_multiplier)
     b = check_int("partitions", partitions, 1)
     if b > t:
         raise fail("partitions", b, f"an integer in [1, steps={t}]")
-    q = check_probability("sample_rate", sample_rate)
-    if q == 0.0:
-        raise fail("sample_rate", sample_rate, "a number in (0, 1]")
+    if sampling not in SAMPLINGS:
+        raise fail("sampling", sampling, f"one of {SAMPLINGS}")
     if analysis not in ("auto", "amplified", "min_sep"):
         raise fail("analysis", analysis, "'auto', 'amplified' or 'min_sep'")
-    rounds = -(-t // b)
     if analysis == "amplified" and not _amplifiable(strategy, b):
         raise fail(
             "analysis",
@@ -132,7 +189,38 @@ def correlated_plan(
             f"'min_sep' for strategy {strategy.name!r} with bands={strategy.bands} > "
             f"partitions={b} (amplification needs C with at most `partitions` bands)",
         )
-    if analysis != "min_sep" and _amplifiable(strategy, b):
+    amplified = analysis != "min_sep" and _amplifiable(strategy, b)
+    if sampling == "random-allocation":
+        m, k = _check_allocation(t, b, rounds_per_epoch, num_selected)
+        epoch = m * b
+        epochs = -(-t // epoch)
+        q = k / m
+        if amplified:
+            return CorrelatedPlan(
+                "amplified",
+                strategy.name,
+                t,
+                b,
+                q,
+                sigma,
+                RandomAllocationEvent(m, GaussianEvent(sigma), k),
+                epochs,
+                epoch,
+                strategy.sensitivity(t, 1, 1),  # largest column norm
+                sampling,
+                m,
+                k,
+            )
+        sens = strategy.sensitivity(t, b, min(k * epochs, -(-t // b)))
+        return CorrelatedPlan(
+            "min_sep", strategy.name, t, b, q, sigma, GaussianEvent(sigma), 1, t, sens,
+            sampling, m, k,
+        )  # fmt: skip
+    q = check_probability("sample_rate", sample_rate)
+    if q == 0.0:
+        raise fail("sample_rate", sample_rate, "a number in (0, 1]")
+    rounds = -(-t // b)
+    if amplified:
         sens = strategy.sensitivity(t, 1, 1)  # largest column norm
         return CorrelatedPlan(
             "amplified",
@@ -162,17 +250,44 @@ def calibrate_correlated(
     sample_rate: float = 1.0,
     analysis: Analysis = "auto",
     accountant: str | Accountant = "pld",
+    sampling: Sampling = "poisson",
+    rounds_per_epoch: int | None = None,
+    num_selected: int = 1,
 ) -> tuple[CorrelatedPlan, CalibrationResult]:
     """The smallest σ (within 0.01%) whose plan costs at most ``target_epsilon`` at ``delta``.
 
     The calibration of :func:`renyi.calibration.calibrate_noise_multiplier` (verified on the
-    safe side by the same accountant): amplified plans are ``⌈T/b⌉`` DP-SGD steps at rate q;
-    min-sep plans one Gaussian (rate 1, one step).
+    safe side by the same accountant): amplified Poisson plans are ``⌈T/b⌉`` DP-SGD steps at
+    rate q; min-sep plans one Gaussian (rate 1, one step); random-allocation plans
+    :func:`renyi.calibration.calibrate_event_noise` on the epoch's event (started from the
+    Poisson answer at rate k/m, which random allocation never needs more noise than by much).
     """
-    probe = correlated_plan(
-        strategy, steps, 1.0, partitions=partitions, sample_rate=sample_rate, analysis=analysis
-    )
-    if probe.analysis == "amplified":
+
+    def make(sigma: float, how: str) -> CorrelatedPlan:
+        return correlated_plan(
+            strategy,
+            steps,
+            sigma,
+            partitions=partitions,
+            sample_rate=sample_rate,
+            analysis=how,  # type: ignore[arg-type]
+            sampling=sampling,
+            rounds_per_epoch=rounds_per_epoch,
+            num_selected=num_selected,
+        )
+
+    probe = make(1.0, analysis)
+    if probe.analysis == "amplified" and sampling == "random-allocation":
+        guess = calibrate_noise_multiplier(
+            target_epsilon, delta, probe.sample_rate, probe.charges * probe.rounds_per_epoch, "rdp"
+        ).noise_multiplier
+
+        def build(sigma: float) -> tuple[Event, int]:
+            plan = make(sigma, "amplified")
+            return plan.step_event, plan.charges
+
+        cal = calibrate_event_noise(target_epsilon, delta, build, accountant, guess=guess)
+    elif probe.analysis == "amplified":
         cal = calibrate_noise_multiplier(
             target_epsilon, delta, probe.sample_rate, probe.charges, accountant
         )
@@ -180,14 +295,7 @@ def calibrate_correlated(
         cal = calibrate_noise_multiplier(target_epsilon, delta, 1.0, 1, accountant)
     sigma = cal.noise_multiplier
     for _ in range(100):  # verify the plan's own event; step σ up until the accountant agrees
-        plan = correlated_plan(
-            strategy,
-            steps,
-            sigma,
-            partitions=partitions,
-            sample_rate=sample_rate,
-            analysis=probe.analysis,  # type: ignore[arg-type]
-        )
+        plan = make(sigma, probe.analysis)
         acc = make_accountant(accountant)
         acc.compose(plan.step_event, plan.charges)
         if acc.epsilon(delta).epsilon <= target_epsilon:

@@ -39,15 +39,21 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
+from numpy.typing import ArrayLike
 from torch.utils.data import Dataset
 
 from renyi._validation import check_delta, check_int, check_positive, fail
-from renyi.analysis.events import Event, GaussianEvent, Neighbouring, PoissonSampledEvent
+from renyi.analysis.events import (
+    Event,
+    GaussianEvent,
+    Neighbouring,
+    PoissonSampledEvent,
+    RandomAllocationEvent,
+)
 from renyi.calibration import CalibrationResult, epochs_to_steps
 from renyi.correlated.accounting import (
     CorrelatedPlan,
     calibrate_correlated,
-    choose_bands,
     correlated_plan,
 )
 from renyi.correlated.optimize import optimize_banded, optimize_blt
@@ -65,12 +71,13 @@ from renyi.dpsgd.sampler import (
 __all__ = [
     "NOISE_KINDS",
     "CorrelatedOptimizer",
+    "CyclicAllocationSampler",
     "CyclicPoissonSampler",
     "make_private_correlated",
 ]
 
-NoiseKind = Literal["dpsgd", "tree", "banded", "blt"]
-NOISE_KINDS: tuple[str, ...] = ("dpsgd", "tree", "banded", "blt")
+NoiseKind = Literal["dpsgd", "tree", "banded", "blt", "auto"]
+NOISE_KINDS: tuple[str, ...] = ("dpsgd", "tree", "banded", "blt", "auto")
 
 
 class CyclicPoissonSampler(_PrivacySamplerBase):
@@ -145,6 +152,127 @@ class CyclicPoissonSampler(_PrivacySamplerBase):
             self.assignment = assignment.clone().long()
 
 
+class CyclicAllocationSampler(_PrivacySamplerBase):
+    """Cyclic random allocation ("balls in bins" with b partitions): every record is assigned
+    once, at random, to one of b partitions; the run is cut into epochs of ``m`` rounds of b
+    steps, step ``t`` uses partition ``t mod b``, and in each epoch every record joins exactly
+    ``k`` of the ``m`` steps of its partition, chosen uniformly and independently of the
+    other records (:mod:`renyi.correlated.accounting`).
+
+    With one partition and ``k = 1`` this is :class:`~renyi.dpsgd.sampler.BallsInBinsSampler`
+    with ``m`` batches per epoch. Expected batch ``k·n/(m·b)`` (the fixed divisor).
+    Resume is at epoch boundaries only (an epoch's allocation is not saved).
+
+    Args:
+        num_samples: n.
+        partitions: b ≥ 1.
+        rounds_per_epoch: m ≥ 1 (an epoch is ``m · b`` steps).
+        steps: batches per pass.
+        num_selected: k in [1, m], rounds per epoch each record joins.
+
+    Example:
+        >>> s = CyclicAllocationSampler(40, 2, 5, 10)
+        >>> sorted(i for batch in s for i in batch) == list(range(40))
+        True
+    """
+
+    sampling = "random-allocation"
+
+    def __init__(
+        self,
+        num_samples: int,
+        partitions: int,
+        rounds_per_epoch: int,
+        steps: int,
+        *,
+        num_selected: int = 1,
+        random_source: TorchRandomSource | None = None,
+    ) -> None:
+        self.num_samples = check_int("num_samples", num_samples, 1)
+        self.partitions = check_int("partitions", partitions, 1)
+        self.rounds_per_epoch = check_int("rounds_per_epoch", rounds_per_epoch, 1)
+        self.num_selected = check_int("num_selected", num_selected, 1)
+        if self.num_selected > self.rounds_per_epoch:
+            raise fail("num_selected", num_selected, f"an integer in [1, {rounds_per_epoch}]")
+        self.steps = check_int("steps", steps, 1)
+        self.random_source = random_source if random_source is not None else make_random_source()
+        self._position = 0
+        self._served = 0
+        self._epoch: list[torch.Tensor] = []
+        self.assignment: torch.Tensor | None = None
+        if self.partitions > 1:
+            u = self.random_source.uniform(self.num_samples)
+            self.assignment = torch.clamp((u * self.partitions).floor().long(), max=partitions - 1)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.rounds_per_epoch * self.partitions
+
+    @property
+    def sample_rate(self) -> float:  # type: ignore[override]
+        """k/m: the fraction of a partition in one of its steps (descriptive)."""
+        return self.num_selected / self.rounds_per_epoch
+
+    @property
+    def neighbouring(self) -> Neighbouring:
+        return Neighbouring.ADD_REMOVE
+
+    @property
+    def expected_batch_size(self) -> float:
+        """k·n/(m·b), the fixed divisor of the noisy sum (never the realised size)."""
+        return self.num_selected * self.num_samples / self.steps_per_epoch
+
+    def accounting_event(self, noise_multiplier: float) -> Event:
+        """One epoch of one partition: ``RandomAllocationEvent(m, GaussianEvent(σ), k)``."""
+        return RandomAllocationEvent(
+            self.rounds_per_epoch, GaussianEvent(noise_multiplier), self.num_selected
+        )
+
+    def _new_epoch(self) -> list[torch.Tensor]:
+        n, m, k, b = self.num_samples, self.rounds_per_epoch, self.num_selected, self.partitions
+        if k == 1:
+            rounds = torch.clamp((self.random_source.uniform(n) * m).long(), max=m - 1)[:, None]
+        else:  # a uniform k-subset of the m rounds per record: the k smallest of m uniforms
+            u = self.random_source.uniform(n * m).reshape(n, m)
+            rounds = torch.argsort(u, dim=1)[:, :k]
+        part = torch.zeros(n, dtype=torch.long) if self.assignment is None else self.assignment
+        slot = (rounds * b + part[:, None]).reshape(-1)  # step within the epoch
+        record = torch.arange(n).repeat_interleave(rounds.shape[1])
+        order = torch.argsort(slot, stable=True)
+        counts = torch.bincount(slot, minlength=m * b).tolist()
+        return [torch.sort(x).values for x in torch.split(record[order], counts)]
+
+    def _draw(self) -> torch.Tensor:
+        j = self._served % self.steps_per_epoch
+        if j == 0:
+            self._epoch = self._new_epoch()
+        elif not self._epoch:  # pragma: no cover - load_state_dict refuses mid-epoch states
+            raise fail("sampler state", "mid-epoch", "an epoch boundary")
+        self._served += 1
+        return self._epoch[j]
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["served"] = self._served
+        state["assignment"] = None if self.assignment is None else self.assignment.clone()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        served = check_int("state['served']", state.get("served"), 0)
+        if served % self.steps_per_epoch:
+            raise fail("state['served']", served, "an epoch boundary (multiple of m·b)")
+        assignment = state.get("assignment")
+        if (assignment is None) != (self.assignment is None) or (
+            assignment is not None and tuple(assignment.shape) != (self.num_samples,)
+        ):
+            raise fail("state['assignment']", "checkpoint", "the partitions of this sampler")
+        super().load_state_dict(state)
+        self._served = served
+        self._epoch = []
+        if assignment is not None:
+            self.assignment = assignment.clone().long()
+
+
 class CorrelatedOptimizer(DPOptimizer):
     """:class:`~renyi.dpsgd.optimizer.DPOptimizer` adding correlated noise ``C⁻¹ z``.
 
@@ -164,7 +292,7 @@ class CorrelatedOptimizer(DPOptimizer):
         model: torch.nn.Module,
         loss_fn: Callable[..., torch.Tensor],
         max_grad_norm: float,
-        sampler: CyclicPoissonSampler,
+        sampler: CyclicPoissonSampler | CyclicAllocationSampler,
         strategy: Strategy,
         plan: CorrelatedPlan,
         accountant: Any = "pld",
@@ -175,19 +303,22 @@ class CorrelatedOptimizer(DPOptimizer):
         engine: ClippingEngine | None = None,
         budget: BudgetHook | None = None,
     ) -> None:
-        if not isinstance(sampler, CyclicPoissonSampler):
-            raise fail("sampler", type(sampler).__name__, "a CyclicPoissonSampler")
-        if (plan.partitions, plan.sample_rate, plan.steps) != (
-            sampler.partitions,
-            sampler.sample_rate,
-            sampler.steps,
-        ):
+        if isinstance(sampler, CyclicAllocationSampler):
+            mine = ("random-allocation", sampler.partitions, sampler.rounds_per_epoch,
+                    sampler.num_selected, sampler.steps)  # fmt: skip
+            theirs = (plan.sampling, plan.partitions, plan.rounds_per_epoch, plan.num_selected,
+                      plan.steps)  # fmt: skip
+            what = "(sampling, partitions, rounds_per_epoch, num_selected, steps)"
+        elif isinstance(sampler, CyclicPoissonSampler):
+            mine = ("poisson", sampler.partitions, sampler.sample_rate, sampler.steps)
+            theirs = (plan.sampling, plan.partitions, plan.sample_rate, plan.steps)
+            what = "(sampling, partitions, sample_rate, steps)"
+        else:
             raise fail(
-                "plan",
-                (plan.partitions, plan.sample_rate, plan.steps),
-                f"the sampler's (partitions, sample_rate, steps) = "
-                f"{(sampler.partitions, sampler.sample_rate, sampler.steps)}",
+                "sampler", type(sampler).__name__, "a CyclicPoissonSampler or CyclicAllocationSampler"
             )
+        if mine != theirs:
+            raise fail("plan", theirs, f"the sampler's {what} = {mine}")
         if plan.strategy != strategy.name:
             raise fail("plan.strategy", plan.strategy, f"{strategy.name!r} (the strategy's)")
         self.noise = streaming_noise(strategy)
@@ -295,6 +426,10 @@ def make_private_correlated(
     noise_multiplier: float | None = None,
     epochs: float | None = None,
     steps: int | None = None,
+    sampling: str = "poisson",
+    num_selected: int = 1,
+    learning_rates: ArrayLike | None = None,
+    margin: float = 0.1,
     accountant: str = "pld",
     seed: int | None = None,
     max_physical_batch_size: int | None = None,
@@ -307,22 +442,36 @@ def make_private_correlated(
 
     ``noise``:
 
-    * ``"dpsgd"`` — independent noise, one partition, Poisson rate ``batch_size / n``:
-      exactly DP-SGD (same event, same draws).
+    * ``"dpsgd"`` — independent noise, one partition: exactly DP-SGD (same event, same
+      draws) with Poisson sampling at rate ``batch_size / n``, or with
+      ``sampling="random-allocation"`` DP-SGD's balls in bins (``n // batch_size`` batches
+      per epoch, :class:`~renyi.dpsgd.sampler.BallsInBinsSampler`'s event).
     * ``"banded"`` — banded Toeplitz ``C`` with ``bands`` bands, optimised for the run's
-      workload (prefix sums with the optimizer's momentum); ``bands`` partitions with rate
-      ``bands · batch_size / n`` inside each: the amplified analysis. ``bands=None`` with a
-      target ε picks the number of bands whose calibrated prefix-sum RMSE is smallest
-      (:func:`renyi.correlated.accounting.choose_bands`; 1 band is DP-SGD), else 4.
+      workload (prefix sums with the optimizer's momentum), over ``bands`` random partitions:
+      the amplified analysis, with Poisson rate ``bands · batch_size / n`` inside each
+      partition, or random allocation (``sampling="random-allocation"``: each epoch every
+      record joins ``num_selected`` of the ``⌊num_selected · n / (bands · batch_size)⌋``
+      steps of its partition). ``bands=None`` with a target ε applies the rule of
+      :func:`renyi.correlated.choice.choose_strategy` to DP-SGD and banded candidates (the
+      smallest calibrated noise in the iterates under momentum and ``learning_rates``, the
+      per-step learning-rate multipliers of your schedule; DP-SGD unless a banded strategy
+      beats it by ``margin``); without a target, 4 bands.
     * ``"blt"`` / ``"tree"`` — BLT with ``buffers`` buffers (optimised for the run) or the
       online tree; one pass over the data per epoch in ``n / batch_size`` fixed random
       partitions (every record once per epoch, b-min-sep with b = steps per epoch): one
-      Gaussian with the strategy's multi-participation sensitivity.
+      Gaussian with the strategy's multi-participation sensitivity. Both samplings give
+      this sampler (it is random allocation with one round per epoch).
+    * ``"auto"`` — :func:`~renyi.correlated.choice.choose_strategy` over DP-SGD, banded and
+      BLT (needs ``target_epsilon``).
 
     ``strategy`` overrides the choice of ``C`` (its bands decide the analysis). The
-    returned :class:`~renyi.dpsgd.privacy.PrivateTraining` has ``extra["plan"]`` and
-    ``extra["strategy"]``; its ``sample_rate`` is the fraction of the data per step.
+    returned :class:`~renyi.dpsgd.privacy.PrivateTraining` has ``extra["plan"]``,
+    ``extra["strategy"]`` and ``extra["choice"]`` (the scored candidates, when chosen);
+    its ``sample_rate`` is the fraction of the data per step.
     """
+    from renyi.correlated.accounting import SAMPLINGS
+    from renyi.correlated.choice import StrategyChoice, choose_strategy
+
     delta = check_delta(delta)
     max_grad_norm = check_positive("max_grad_norm", max_grad_norm)
     n = check_int("len(data)", len(data), 1)  # type: ignore[arg-type]
@@ -331,6 +480,9 @@ def make_private_correlated(
         raise fail("batch_size", batch_size, f"an integer in [1, len(data)={n}]")
     if noise not in NOISE_KINDS:
         raise fail("noise", noise, f"one of {NOISE_KINDS}")
+    if sampling not in SAMPLINGS:
+        raise fail("sampling", sampling, f"one of {SAMPLINGS}")
+    num_selected = check_int("num_selected", num_selected, 1)
     if (epochs is None) == (steps is None):
         raise fail("epochs/steps", (epochs, steps), "exactly one of epochs or steps")
     if (target_epsilon is None) == (noise_multiplier is None):
@@ -349,20 +501,36 @@ def make_private_correlated(
         steps = check_int("steps", steps, 1)
         steps_note = f"steps={steps} given"
     momentum = float(optimizer.param_groups[0].get("momentum", 0.0) or 0.0)
-    band_scores: dict[int, float] = {}
-    if noise == "banded" and strategy is None and bands is None:
-        if target_epsilon is not None:  # the b with the smallest calibrated prefix RMSE
-            bands, band_scores = choose_bands(
+    choice: StrategyChoice | None = None
+    automatic = strategy is None and (noise == "auto" or (noise == "banded" and bands is None))
+    if automatic:
+        if target_epsilon is None:
+            if noise == "auto":
+                raise fail("target_epsilon", None, "a target epsilon for noise='auto'")
+            bands = 4
+        else:
+            choice = choose_strategy(
                 check_positive("target_epsilon", target_epsilon),
                 delta,
                 steps,
                 n,
                 batch_size,
+                sampling=sampling,
                 momentum=momentum,
+                learning_rates=learning_rates,
+                kinds=("dpsgd", "banded", "blt") if noise == "auto" else ("dpsgd", "banded"),
+                buffers=buffers,
+                margin=margin,
+                accountant=accountant,
             )
-        else:
-            bands = 4
-    if noise == "dpsgd" and strategy is None:
+            noise = choice.best.noise  # type: ignore[assignment]
+            strategy = choice.best.strategy
+            bands = strategy.bands if noise != "blt" else None
+    if noise == "auto":  # pragma: no cover - resolved above
+        raise fail("noise", noise, "a target epsilon")
+    if strategy is not None and noise in ("dpsgd", "banded") and strategy.bands is not None:
+        partitions = strategy.bands
+    elif noise == "dpsgd" and strategy is None:
         partitions = 1
     elif noise == "banded" and strategy is None:
         partitions = bands or 4
@@ -371,6 +539,7 @@ def make_private_correlated(
     else:
         partitions = max(1, n // batch_size)
     partitions = min(partitions, steps)
+    wide = noise in ("blt", "tree") or (strategy is not None and strategy.bands is None)
     rate = batch_size * partitions / n
     if rate > 1.0:
         raise fail(
@@ -391,7 +560,22 @@ def make_private_correlated(
     if not strategy.streamable:
         raise fail("strategy", strategy.name, "a streamable strategy (dpsgd, tree, banded, blt)")
     source = make_random_source(seed)
-    sampler = CyclicPoissonSampler(n, partitions, rate, steps, random_source=source)
+    rounds = 1 if wide else max(num_selected, (num_selected * n) // (partitions * batch_size))
+    if wide:
+        num_selected = 1
+    sampler: CyclicPoissonSampler | CyclicAllocationSampler
+    if sampling == "random-allocation":
+        sampler = CyclicAllocationSampler(
+            n, partitions, rounds, steps, num_selected=num_selected, random_source=source
+        )
+        plan_args: dict[str, Any] = {
+            "sampling": "random-allocation",
+            "rounds_per_epoch": rounds,
+            "num_selected": num_selected,
+        }
+    else:
+        sampler = CyclicPoissonSampler(n, partitions, rate, steps, random_source=source)
+        plan_args = {"sample_rate": rate}
     calibration: CalibrationResult | None = None
     if target_epsilon is not None:
         target_epsilon = check_positive("target_epsilon", target_epsilon)
@@ -401,8 +585,8 @@ def make_private_correlated(
             strategy,
             steps,
             partitions=partitions,
-            sample_rate=rate,
             accountant=accountant,
+            **plan_args,
         )
     else:
         plan = correlated_plan(
@@ -410,7 +594,7 @@ def make_private_correlated(
             steps,
             check_positive("noise_multiplier", noise_multiplier),
             partitions=partitions,
-            sample_rate=rate,
+            **plan_args,
         )
     dp_optimizer = CorrelatedOptimizer(
         optimizer,
@@ -444,7 +628,16 @@ def make_private_correlated(
         target_epsilon=target_epsilon,
         delta=delta,
         neighbouring=sampler.neighbouring.value,
-        steps_note=steps_note + f"; {plan.analysis} plan, {plan.charges} charge(s)",
+        steps_note=steps_note + f"; {plan.analysis} plan ({plan.sampling}), "
+        f"{plan.charges} charge(s)",
         calibration=calibration,
-        extra={"plan": plan, "strategy": strategy, "noise": noise, "band_scores": band_scores},
+        extra={
+            "plan": plan,
+            "strategy": strategy,
+            "noise": noise,
+            "choice": choice,
+            "band_scores": {}
+            if choice is None
+            else {c.plan.partitions: c.score for c in choice.candidates if c.noise != "blt"},
+        },
     )
