@@ -257,9 +257,7 @@ def _run(args: argparse.Namespace) -> int:
             if sampling not in ("poisson", "random-allocation"):
                 from renyi._validation import fail
 
-                raise fail(
-                    "--sampling", args.sampling, "poisson or random-allocation with --noise"
-                )
+                raise fail("--sampling", args.sampling, "poisson or random-allocation with --noise")
             private = make_private_correlated(
                 model,
                 sgd,
@@ -334,7 +332,8 @@ def _run(args: argparse.Namespace) -> int:
             partitions=plan.partitions,
             sample_rate_in_partition=plan.sample_rate,
             sampling=plan.sampling,
-            chosen_by=None if private.extra.get("choice") is None
+            chosen_by=None
+            if private.extra.get("choice") is None
             else private.extra["choice"].reason,
             sensitivity=plan.sensitivity.value,
             charges=plan.charges,

@@ -166,7 +166,11 @@ def candidate_plan(
     k/m (a fast stand-in for scoring: random allocation needs about as much noise, a little
     less when the rounds per epoch are many; its own PLD calibration takes seconds)."""
     if sampling == "random-allocation" and not proxy:
-        m = 1 if noise in ("blt", "tree") else _allocation_rounds(dataset_size, partitions, batch_size)
+        m = (
+            1
+            if noise in ("blt", "tree")
+            else _allocation_rounds(dataset_size, partitions, batch_size)
+        )
         plan, _ = calibrate_correlated(
             target_epsilon,
             delta,

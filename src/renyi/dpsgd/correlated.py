@@ -303,6 +303,8 @@ class CorrelatedOptimizer(DPOptimizer):
         engine: ClippingEngine | None = None,
         budget: BudgetHook | None = None,
     ) -> None:
+        mine: tuple[Any, ...]
+        theirs: tuple[Any, ...]
         if isinstance(sampler, CyclicAllocationSampler):
             mine = ("random-allocation", sampler.partitions, sampler.rounds_per_epoch,
                     sampler.num_selected, sampler.steps)  # fmt: skip
@@ -315,7 +317,9 @@ class CorrelatedOptimizer(DPOptimizer):
             what = "(sampling, partitions, sample_rate, steps)"
         else:
             raise fail(
-                "sampler", type(sampler).__name__, "a CyclicPoissonSampler or CyclicAllocationSampler"
+                "sampler",
+                type(sampler).__name__,
+                "a CyclicPoissonSampler or CyclicAllocationSampler",
             )
         if mine != theirs:
             raise fail("plan", theirs, f"the sampler's {what} = {mine}")
