@@ -569,3 +569,43 @@ def test_hybrid_fallback_layer_called_with_keyword_arguments() -> None:
     assert_close(norms, total)
     for n in sums:
         assert_close(sums[n], want[n])
+
+
+class TimeCumsum(nn.Module):
+    """A layer without a ghost rule that works along the time axis of ``[T, B, d]``: per-layer
+    vmap must call it on each example in that layout (``[T, 1, d]``), not ``[1, T, d]``."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.cumsum(x, dim=0) * self.w
+
+
+class SeqFirstHybrid(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.mid, self.out = nn.Linear(3, 5), TimeCumsum(5), nn.Linear(5, 2)
+
+    def forward(self, x: Tensor) -> Tensor:  # x: [B, T, 3]
+        h = self.mid(torch.tanh(self.inp(x.transpose(0, 1))))  # [T, B, 5]
+        return self.out(h.mean(0))
+
+
+@pytest.mark.parametrize("steps", [5, 4])  # 4 == B: the layout is learned by the check
+def test_hybrid_vmap_layer_is_called_in_its_own_sequence_first_layout(steps: int) -> None:
+    """On main: raw error / wrong grouping for a layer without a rule on ``[T, B, d]``."""
+    torch.manual_seed(9)
+    model = SeqFirstHybrid().double()
+    x, y = torch.randn(4, steps, 3).double(), torch.randint(0, 2, (4,))
+    engine = ClippedGradientEngine(model, nn.CrossEntropyLoss(), max_grad_norm=0.3)
+    sums, _, norms = engine.clipped_grad_sum(x, y)
+    assert engine.mode == "hybrid"
+    ref = loop_grads(model, nn.CrossEntropyLoss(), x, y)
+    total = torch.stack([torch.sqrt(sum(g.pow(2).sum() for g in r.values())) for r in ref])
+    assert_close(norms, total, rtol=1e-9, atol=1e-12)
+    factors = torch.clamp(0.3 / total, max=1.0)
+    for n in sums:
+        want = sum(f * r[n] for f, r in zip(factors, ref, strict=True))
+        assert_close(sums[n], want, rtol=1e-5, atol=1e-12)  # the clipping margin is 1e-6
