@@ -535,6 +535,32 @@ def test_stochastic_models_train_without_refusal_in_strict_mode(name: str) -> No
     assert engine.check_stats.rechecks == 0  # equal up to round-off in float32 already
 
 
+def test_a_model_that_starts_drawing_from_its_own_generator_is_still_replayed() -> None:
+    """Checks skip the recording tape once a model drew nothing; unchanged generator states
+    confirm it, and a mismatch re-runs the check with the tape (a generator of its own)."""
+
+    class LateNoise(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 3)
+            self.gen, self.calls = torch.Generator().manual_seed(3), 0
+
+        def forward(self, x: Tensor) -> Tensor:
+            self.calls += 1
+            h = torch.tanh(self.a(x))
+            if self.calls > 12:
+                h = h * (torch.rand(h.shape, generator=self.gen) < 0.5) * 2.0
+            return self.b(h)
+
+    torch.manual_seed(19)
+    engine = ClippedGradientEngine(
+        LateNoise(), nn.CrossEntropyLoss(), max_grad_norm=1.0, self_check="strict"
+    )
+    for _ in range(8):
+        engine.clipped_grad_sum(torch.randn(5, 4), torch.randint(0, 3, (5,)))
+    assert engine.check_stats.checks == 8 and engine.check_stats.rechecks == 0
+
+
 def test_dropout_model_trains_through_privacy_engine_and_loss_backward() -> None:
     from renyi.dpsgd import PrivacyEngine
 

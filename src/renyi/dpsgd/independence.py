@@ -257,6 +257,7 @@ def roundoff_bound(magnitude: float, length: int, depth: int, unit: float, rho: 
 class _LayerScale:
     magnitude: list[float]  # per checked example
     length: int
+    steps: int = 0  # recurrent layers: time steps the round-off is carried through
 
 
 def _layer_scales(engine: ClippedGradientEngine, rec: Any, k: int) -> dict[str, _LayerScale]:
@@ -298,6 +299,7 @@ def _layer_scales(engine: ClippedGradientEngine, rec: Any, k: int) -> dict[str, 
                 pairs.append((x, g, r))
         mags = [0.0] * k
         length = 1
+        steps = 0
         for x, g, r in pairs:
             if g is None:
                 continue
@@ -312,9 +314,11 @@ def _layer_scales(engine: ClippedGradientEngine, rec: Any, k: int) -> dict[str, 
             )
             fan = 1 if x is None else max(1, x.reshape(k, -1).shape[1] // positions)
             length = max(length, positions * fan * r)
+            if isinstance(lay.module, nn.RNNBase):
+                steps = max(steps, positions * lay.module.num_layers)
             for i in range(k):
                 mags[i] += float(gn[i]) * (float(an[i]) * math.sqrt(r) + math.sqrt(positions))
-        out[name] = _LayerScale(mags, length)
+        out[name] = _LayerScale(mags, length, steps)
     return out
 
 
@@ -411,7 +415,7 @@ def _reference(
     args: tuple[Any, ...],
     y: Tensor,
     j: int,
-    tape: RandomTape,
+    tape: RandomTape | None,
     shapes: dict[str, list[dict[str, tuple[int, ...]]]] | None,
 ) -> tuple[dict[str, Tensor], float]:
     """Example ``j`` run as ``M_COPIES`` copies through the model's own forward and plain
@@ -419,8 +423,9 @@ def _reference(
     params = engine._params
     cargs, cy = _copies(args, y, j, engine.layout.batch_first)
     handles = _shape_hooks(engine, shapes) if shapes is not None else []
+    replay = _nothing() if tape is None else tape.replay((j, K_BATCH, M_COPIES))
     try:
-        with torch.enable_grad(), tape.replay((j, K_BATCH, M_COPIES)):
+        with torch.enable_grad(), replay:
             out = engine._call(cargs)
             for h in handles:
                 h.remove()
@@ -470,6 +475,24 @@ def _loss_roundoff(
     return diff / ref
 
 
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def _rng_states() -> list[Tensor]:
+    states = [torch.random.get_rng_state()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states += list(torch.cuda.get_rng_state_all())
+    return states
+
+
+def _same_states(a: list[Tensor] | None, b: list[Tensor]) -> bool:
+    if a is None or len(a) != len(b):
+        return False
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
 def _shape_hooks(
     engine: ClippedGradientEngine, shapes: dict[str, list[dict[str, tuple[int, ...]]]]
 ) -> list[Any]:
@@ -495,7 +518,7 @@ def _compare(
     rhos: Sequence[float],
     unit: float,
 ) -> _Outcome:
-    depth = max(1, len(engine._layers))
+    depth = max(1, len(engine._layers)) + sum(sc.steps for sc in scales.values())
     worst: tuple[int, str, float, float] = (0, "", 0.0, 0.0)
     ratio, finite = 0.0, True
     covered: set[str] = set()
@@ -545,23 +568,40 @@ def _stage(
     learn: bool,
     unit: float,
     scales: Mapping[str, _LayerScale] | None,
-) -> tuple[_Outcome, dict[str, _LayerScale]] | None:
+    allow_plain: bool = True,
+) -> tuple[_Outcome, dict[str, _LayerScale], bool] | None:
     """One comparison: the batched run through the engine (recording or replaying the random
-    draws) and the reference runs of examples 0 and 1."""
+    draws) and the reference runs of examples 0 and 1. A model that drew no random numbers
+    at the last check in this train/eval mode runs without the tape (``plain``, returned):
+    unchanged generator states confirm it, else the stage runs again with the tape."""
     from renyi.dpsgd.grad_sample import NonFiniteGradientError
 
-    ctx = tape.replay(None) if replay else tape.record()
-    try:
-        with ctx:
-            rec, _ = engine._record(args if len(args) > 1 else args[0], y, K_BATCH)
-    except NonFiniteGradientError:
-        return None  # the step itself reports it
-    shapes: dict[str, list[dict[str, tuple[int, ...]]]] = {}
-    want, rhos = [], []
-    for j in range(2):
-        grads, rho = _reference(engine, args, y, j, tape, shapes if (learn and j == 0) else None)
-        want.append(grads)
-        rhos.append(rho)
+    draws: dict[bool, bool] = engine.__dict__.setdefault("_check_draws", {})
+    training = engine.model.training
+    plain = allow_plain and not replay and draws.get(training) is False
+    while True:
+        before = _rng_states() if plain else None
+        ctx = tape.replay(None) if replay else tape.record() if not plain else _nothing()
+        try:
+            with ctx:
+                rec, _ = engine._record(args if len(args) > 1 else args[0], y, K_BATCH)
+        except NonFiniteGradientError:
+            return None  # the step itself reports it
+        shapes: dict[str, list[dict[str, tuple[int, ...]]]] = {}
+        want, rhos = [], []
+        for j in range(2):
+            grads, rho = _reference(
+                engine, args, y, j, None if plain else tape, shapes if learn and j == 0 else None
+            )
+            want.append(grads)
+            rhos.append(rho)
+        if plain and not _same_states(before, _rng_states()):
+            plain = False  # the model draws random numbers now: again, with the tape
+            draws[training] = True
+            continue
+        break
+    if not replay and not plain:
+        draws[training] = len(tape) > 0
     if learn:
         for name, calls in rec.records.items():
             batched = [
@@ -576,7 +616,7 @@ def _stage(
     if scales is None:
         scales = _layer_scales(engine, rec, K_BATCH)
     got = _engine_grads(engine, by_layer, K_BATCH, range(2))
-    return _compare(engine, got, want, scales, rhos, unit), dict(scales)
+    return _compare(engine, got, want, scales, rhos, unit), dict(scales), plain
 
 
 def run_check(engine: ClippedGradientEngine, inputs: Any, targets: Tensor, batch: int) -> None:
@@ -611,22 +651,20 @@ def _run_check(engine: ClippedGradientEngine, inputs: Any, targets: Tensor, batc
     modules = [model, engine.loss_fn]
     tape = RandomTape()
     stats = engine.check_stats
+    low_args = tuple(_cast(a, torch.float32 if reduced else None) for a in args)
+    low_y = _cast(y, torch.float32 if reduced else None)
     with check_conditions(model):
         ctx = _in_dtype(modules, torch.float32) if reduced else contextlib.nullcontext()
         with ctx:
-            res = _stage(
-                engine,
-                tuple(_cast(a, torch.float32 if reduced else None) for a in args),
-                _cast(y, torch.float32 if reduced else None),
-                tape,
-                False,
-                True,
-                unit,
-                None,
-            )
+            res = _stage(engine, low_args, low_y, tape, False, True, unit, None)
+            if res is not None and res[2] and not (res[0].finite and res[0].ratio <= 1.0):
+                # it ran without the tape: a generator of the model's own may have drawn
+                res = _stage(
+                    engine, low_args, low_y, tape, False, True, unit, None, allow_plain=False
+                )
         if res is None:
             return
-        outcome, scales = res
+        outcome, scales, _ = res
         stats.checks += 1
         stats.ratios.append(outcome.ratio)
         if outcome.finite and outcome.ratio <= 1.0:
@@ -637,16 +675,7 @@ def _run_check(engine: ClippedGradientEngine, inputs: Any, targets: Tensor, batc
         else:
             stats.rechecks += 1
             with _in_dtype(modules, torch.float64):
-                res64 = _stage(
-                    engine,
-                    tuple(_cast(a, torch.float64) for a in args),
-                    _cast(y, torch.float64),
-                    tape,
-                    True,
-                    False,
-                    unit,
-                    scales,
-                )
+                res64 = _stage(engine, _f64(args), _f64((y,))[0], tape, True, False, unit, scales)
             if res64 is None:
                 return
             final = res64[0]
