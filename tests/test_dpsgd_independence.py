@@ -574,12 +574,16 @@ def test_dropout_model_trains_through_privacy_engine_and_loss_backward() -> None
         noise_multiplier=1.0,
         max_grad_norm=1.0,
         seed=0,
+        self_check="strict",
     )
+    nonempty = 0
     for x, y in loader:
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
+        nonempty += int(len(y) > 0)
     assert opt.steps_taken == len(loader)
+    assert opt.capture.capture.engine.check_stats.checks == nonempty  # strict: every batch
 
 
 # ---------------------------------------------------------------- batch-of-one edge cases

@@ -207,6 +207,7 @@ def _make_capture(
     loss_reduction: str,
     mode: str,
     batch_first: bool = True,
+    self_check: bool | str = True,
 ) -> _OneForwardPerStep:
     """The hook capture of :mod:`renyi.dpsgd.capture`, one forward/backward per step."""
     from renyi.dpsgd.capture import PerExampleCapture
@@ -220,6 +221,7 @@ def _make_capture(
         loss_reduction=loss_reduction,  # type: ignore[arg-type]
         mode=mode,  # type: ignore[arg-type]
         batch_first=batch_first,
+        self_check=self_check,  # type: ignore[arg-type]
     )
     return _OneForwardPerStep(capture, module)
 
@@ -462,6 +464,7 @@ class PrivacyEngine:
         seed: int | None = None,
         allow_exceeding_target: bool = False,
         sampling: str | None = None,
+        self_check: bool | str = True,
         _target: tuple[float, float] | None = None,
         **kwargs: Any,
     ) -> tuple[Any, ...]:
@@ -470,6 +473,8 @@ class PrivacyEngine:
         ``(module, optimizer, criterion, data_loader)`` with ``grad_sample_mode="ghost"``.
         renyi extras: ``epochs`` (the loader then ends after ``epochs × len(loader)``
         batches), ``seed`` (reproducible, insecure noise and sampling), ``sampling`` (below),
+        ``self_check`` (the independence check: ``True``, ``"strict"`` for every batch, or
+        ``False``; :mod:`renyi.dpsgd.independence`),
         and the adaptive clipping arguments of Opacus (``target_unclipped_quantile``,
         ``clipbound_learning_rate``, ``max_clipbound``, ``min_clipbound``,
         ``unclipped_num_std``) with ``clipping="adaptive"``.
@@ -568,6 +573,7 @@ class PrivacyEngine:
             loss_reduction=loss_reduction,
             mode=mode,
             batch_first=bool(batch_first),
+            self_check=self_check,
         )
         from renyi.dpsgd.clipping import ClippedGradientEngine
 
@@ -578,6 +584,7 @@ class PrivacyEngine:
             clipping=engine_clipping,  # type: ignore[arg-type]
             mode=mode,  # type: ignore[arg-type]
             batch_first=bool(batch_first),
+            self_check=self_check,  # type: ignore[arg-type]
         )
         common: dict[str, Any] = {
             "model": module,
