@@ -4,6 +4,7 @@ an LSTM classifier, both through PrivacyEngine and loss.backward()."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 import warnings
 from collections.abc import Iterator
@@ -77,3 +78,16 @@ def test_lstm_example_runs_within_the_target() -> None:
     result = lstm.main(["--epochs", "1", "--accountant", "rdp", "--seed", "0"])
     assert result["epsilon"] <= 3.0
     assert result["accuracy"] > 0.2  # ten classes; one epoch of DP training
+
+
+@pytest.mark.slow
+def test_hf_dptrainer_example_fine_tunes_within_the_target() -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    example = _load("hf_dptrainer")
+    result = example.main(
+        ["--examples", "64", "--seq", "32", "--batch-size", "8", "--seed", "0", "--lr", "1e-2"]
+    )
+    assert result["epsilon"] <= 8.0
+    assert math.isfinite(result["eval_loss_after"])
+    assert result["eval_loss_after"] < result["eval_loss_before"] + 0.05  # noisy, not worse
