@@ -47,7 +47,8 @@ What it changes, and why:
   draw and discard batches).
 
 Refused with the reason: several processes or GPUs, DeepSpeed/FSDP, fp16/bf16 mixed
-precision (not yet verified for the per-example engine), trainable tied input/output
+precision (not yet verified for the per-example engine), ``group_by_length`` and
+``auto_find_batch_size`` (they change the sampling), trainable tied input/output
 embeddings (GPT-2's and BERT's LM heads; freeze them, use LoRA or untie them), models whose
 per-example loss is unknown without ``per_example_loss=``.
 
@@ -459,6 +460,7 @@ class DPTrainer(transformers.Trainer):
             "deepspeed": bool(args.deepspeed),
             "fsdp": bool(args.fsdp),
             "group_by_length": bool(getattr(args, "group_by_length", False)),
+            "auto_find_batch_size": bool(getattr(args, "auto_find_batch_size", False)),
         }
         for name, on in refused.items():
             if on:
@@ -466,7 +468,8 @@ class DPTrainer(transformers.Trainer):
                     f"args.{name}",
                     True,
                     "False (DPTrainer: mixed precision is not yet verified for per-example "
-                    "clipping; sharded training and length grouping change the sampling)",
+                    "clipping; sharded training, length grouping and batch-size search change "
+                    "the sampling the noise was calibrated for)",
                 )
         if args.world_size > 1 or args.n_gpu > 1:
             raise fail(
