@@ -3,22 +3,28 @@
 Contenders, each releasing ``n`` Gaussian values (σ = 1) in one call, timed in interleaved
 rounds (medians), all in one run:
 
-* ``renyi.noise.gaussian`` on a numpy float32 array and on a torch float32 tensor (CSPRNG,
-  full-precision Box–Muller, snapped to the lattice ``2**-3 Z``);
+* ``renyi.noise.gaussian`` on the release paths users take — a torch tensor in, the same
+  dtype out (float32, bfloat16, float64), a numpy float32 array — and
+  ``CounterNoise.gaussian`` (keyed counter noise) on a float32 tensor: ChaCha20 keystream,
+  exact lattice index (fast float32 pass + exact recomputation near a boundary), canonical
+  output on ``2**-3 Z``;
 * ``torch.randn`` (float32) and ``numpy.random.Generator.normal`` (float64, and float32
   through ``standard_normal(dtype=float32)``): insecure floating-point baselines (Philox /
   PCG64, no lattice);
 * OpenDP's ``make_gaussian`` (secure, exact, on vectors of ``--opendp-n`` values, reported
   per value since it is much slower).
 
-Ratios are relative to ``torch.randn`` in the same run. A script, not a test:
+Ratios are relative to ``torch.randn`` in the same run, one thread by default. A script,
+not a test:
 
-    .venv/bin/python benchmarks/noise.py --sizes 1000000 10000000 --rounds 3
+    .venv/bin/python benchmarks/noise.py --sizes 315000 10000000 --rounds 7
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -44,6 +50,10 @@ def _opendp(n: int) -> Callable[[], object] | None:
 def _contenders(
     n: int, gen: np.random.Generator, x32: np.ndarray, t32: torch.Tensor
 ) -> dict[str, Callable[[], object]]:
+    tb16 = t32.to(torch.bfloat16)
+    t64 = t32.to(torch.float64)
+    cn = noise.CounterNoise()
+    steps = itertools.count()
     return {
         "torch.randn float32 (insecure)": lambda: torch.randn(n),
         "numpy Generator.normal float64 (insecure)": lambda: gen.normal(0.0, 1.0, n),
@@ -52,6 +62,11 @@ def _contenders(
         ),
         "renyi.noise.gaussian numpy float32 (secure, lattice)": lambda: noise.gaussian(x32, 1.0),
         "renyi.noise.gaussian torch float32 (secure, lattice)": lambda: noise.gaussian(t32, 1.0),
+        "renyi.noise.gaussian torch bfloat16 (secure, lattice)": lambda: noise.gaussian(tb16, 1.0),
+        "renyi.noise.gaussian torch float64 (secure, lattice)": lambda: noise.gaussian(t64, 1.0),
+        "renyi CounterNoise.gaussian torch float32 (keyed, lattice)": lambda: cn.gaussian(
+            t32, 1.0, stream=0, step=next(steps)
+        ),
     }
 
 
@@ -66,14 +81,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--opendp-n", type=int, default=20_000)
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     gen = np.random.default_rng()
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of "
-        f"{args.rounds} interleaved rounds"
+        f"{args.rounds} interleaved rounds; load average {os.getloadavg()[0]:.1f}"
     )
     print("| n | contender | seconds | ns/value | × torch.randn |\n|---|---|---:|---:|---:|")
     for n in args.sizes:

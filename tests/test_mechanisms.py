@@ -609,16 +609,24 @@ def test_integer_mechanisms_stay_in_integers_beyond_float64():
     """2**53 + 1 is not a float64: the release must not pass through one (issue #12)."""
     from renyi.mechanisms import DiscreteGaussianMechanism, DiscreteLaplaceMechanism
 
-    for mech in (DiscreteLaplaceMechanism(2, 1), DiscreteGaussianMechanism(4, 1)):
+    wide = 2**80  # a declared (public) range beyond int64: Python ints for every value
+    for mech in (
+        DiscreteLaplaceMechanism(2, 1, value_bound=wide),
+        DiscreteGaussianMechanism(4, 1, value_bound=wide),
+    ):
         for x in (2**53 + 1, 2**70 + 3, -(2**63) - 5):
             y = mech.release(x)
             assert isinstance(y, int) and abs(y - x) < 200  # exact: noise of scale ~2
         v = DiscreteLaplaceMechanism(2, 1, dimension=2).release(np.array([2**53 + 1, -3]))
         assert v.dtype == np.int64 and abs(int(v[0]) - (2**53 + 1)) < 200
-        big = DiscreteLaplaceMechanism(2, 1, dimension=2).release([2**64 + 1, 2**53 + 1])
+        big = DiscreteLaplaceMechanism(2, 1, dimension=2, value_bound=wide).release(
+            [2**64 + 1, 2**53 + 1]
+        )
         assert int(big[0]) - (2**64 + 1) in range(-200, 200)
         assert int(big[1]) - (2**53 + 1) in range(-200, 200)
     assert isinstance(DiscreteLaplaceMechanism(2, 1).release(5.0), int)
+    with pytest.raises(PrivacyParameterError, match=r"2\*\*62"):
+        DiscreteLaplaceMechanism(2, 1).release(2**70)  # beyond the default public range
     with pytest.raises(PrivacyParameterError):
         DiscreteLaplaceMechanism(2, 1).release(2.5)
     with pytest.raises(PrivacyParameterError):

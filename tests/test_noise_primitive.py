@@ -194,3 +194,19 @@ def test_torch_and_numpy_kernels_release_the_same_bytes():
                 device_path=device_path,
             )
             np.testing.assert_array_equal(t.numpy(), ref)
+
+
+def test_threaded_release_is_the_same_bytes():
+    """Large CPU releases run chunks on torch's intra-op thread count: the same bytes."""
+    torch = pytest.importorskip("torch")
+    cn = noise.CounterNoise(bytes(range(32)))
+    x = torch.linspace(-3, 3, 300_001)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cn.gaussian(x, 0.7, stream=4, step=2, offset=5)
+        torch.set_num_threads(3)
+        three = cn.gaussian(x, 0.7, stream=4, step=2, offset=5)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, three)

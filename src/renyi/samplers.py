@@ -392,13 +392,17 @@ class _Pools:
 
     The exact samplers above loop longer for larger ``|noise|`` (the proposal and the
     geometric part of CKS Alg. 2/3 are rejection loops: Jin et al. 2022 time this channel).
-    Releases of fewer than ``POOL_SIZE`` values from the secure source are served from a pool
-    of ``POOL_SIZE`` i.i.d. exact draws per parameter set, refilled in one vectorised batch
-    when it runs short: serving is a copy (the same work for every value), and the refill's
-    time is one total over thousands of draws, made before the draws it times are released
-    and shared by all of them. Every value is used once; the pools are discarded in a forked
-    child (a child must not release its parent's noise) and guarded by a lock. Seeded
-    generators and large requests draw directly (reproducible / already one batch).
+    Releases of any size from the secure source are served from a pool of i.i.d. exact draws
+    per parameter set: serving is a copy (the same work for every value), and the pool is
+    refilled *after* serving (``max(POOL_SIZE, n)`` fresh draws whenever fewer than three
+    times that remain), so the work a release does draws noise for later releases, never its
+    own (only a cold pool, or a request larger than every earlier one, draws before serving).
+    After each refill the whole pool is put in a uniformly random order, so a later release
+    takes a random mix of draws from several refills and the position of a draw says nothing
+    about how long its rejection loop ran. What remains: a refill's time (a total over many
+    draws) is weakly correlated with the noise of the releases that follow it. Every value is
+    used once; the pools are discarded in a forked child (a child must not release its
+    parent's noise) and guarded by a lock. Seeded generators draw directly (reproducible).
     """
 
     def __init__(self) -> None:
@@ -414,15 +418,29 @@ class _Pools:
         self._pools = {}
 
     def take(self, key: tuple[Any, ...], n: int, draw: Any) -> NDArray[np.int64]:
+        want = max(POOL_SIZE, n)
         with self._lock:
             pool = self._pools.pop(key, np.zeros(0, dtype=np.int64))
-            if pool.size < n:
-                pool = np.concatenate([pool, draw(POOL_SIZE)])
+            if pool.size < n:  # cold, or larger than any earlier request
+                pool = self._mix(pool, draw, max(want, 4 * n - pool.size))
             out = pool[:n].copy()
-            self._pools[key] = pool[n:]
+            pool = pool[n:]
+            if pool.size < 3 * want:  # ahead of later releases: drawn now, released later
+                pool = self._mix(pool, draw, want)
+            self._pools[key] = pool
             while len(self._pools) > POOL_KEYS:  # forget the least recently used
                 self._pools.pop(next(iter(self._pools)))
         return out
+
+    def _mix(self, pool: NDArray[np.int64], draw: Any, m: int) -> NDArray[np.int64]:
+        """``m`` fresh draws added to ``pool``, the whole pool put in a uniformly random order:
+        a later release takes a random mix of fresh and older draws, so the time of the refill
+        (one total over ``m`` draws) is diluted over several releases."""
+        from renyi.random import _SECURE
+
+        both = np.concatenate([pool, np.asarray(draw(m), dtype=np.int64)])
+        keys = _SECURE.words(both.size)  # ties: probability below size^2 2^-65
+        return both[np.argsort(keys, kind="stable")]
 
 
 _POOLS = _Pools()
@@ -433,7 +451,7 @@ if hasattr(os, "register_at_fork"):  # pragma: no branch
 def _pooled(src: RandomSource, n: int) -> bool:
     from renyi.random import _SECURE
 
-    return src is _SECURE and 0 < n < POOL_SIZE
+    return src is _SECURE and n > 0
 
 
 def noise_laplace_int(t: int, s: int, n: int, src: RandomSource) -> NDArray[np.int64]:

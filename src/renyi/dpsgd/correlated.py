@@ -58,13 +58,14 @@ from renyi.correlated.accounting import (
 )
 from renyi.correlated.optimize import optimize_banded, optimize_blt
 from renyi.correlated.strategies import Strategy, TreeStrategy, identity
-from renyi.correlated.streaming import streaming_noise
+from renyi.correlated.streaming import _Identity, streaming_noise
 from renyi.correlated.workload import prefix_coefs
 from renyi.dpsgd.optimizer import BudgetHook, ClippingEngine, DPOptimizer, PlanExceededError
 from renyi.dpsgd.privacy import PrivateTraining, private_data_loader
 from renyi.dpsgd.sampler import (
     TorchRandomSource,
     _PrivacySamplerBase,
+    checked_random_source,
     make_random_source,
 )
 
@@ -110,7 +111,7 @@ class CyclicPoissonSampler(_PrivacySamplerBase):
         self.partitions = check_int("partitions", partitions, 1)
         self.sample_rate = check_range("sample_rate", sample_rate, 0.0, 1.0, low_open=True)
         self.steps = check_int("steps", steps, 1)
-        self.random_source = random_source if random_source is not None else make_random_source()
+        self.random_source = checked_random_source(random_source)  # the noise's rules
         self._position = 0
         self.assignment: torch.Tensor | None = None
         if self.partitions > 1:
@@ -345,6 +346,14 @@ class CorrelatedOptimizer(DPOptimizer):
         self.plan = plan
         self.event = plan.step_event
         self._sensitivity = plan.sensitivity.value
+
+    def _releases_fresh_noise(self) -> bool:
+        """Identity noise of sensitivity 1 is DP-SGD's: released exactly by renyi.noise (the
+        identity filter keeps nothing; only its step counter moves)."""
+        if isinstance(self.noise, _Identity) and self._sensitivity == 1.0:
+            self.noise.step += 1
+            return True
+        return False
 
     def draw_noise(self) -> torch.Tensor:
         """Row t of ``C⁻¹ Z`` times the sensitivity (one fresh N(0, I) draw per step)."""

@@ -551,10 +551,19 @@ class DPOptimizer(torch.optim.Optimizer):
         if self._own_noise:
             from renyi import noise
 
-            # draw_noise: fresh float64 normals, or a subclass's shaping of them (correlated
-            # noise: rows of C^-1 Z); the sum is released on the lattice either way
+            if self._releases_fresh_noise():
+                # fresh noise: the exact lattice release draws it itself (the fast path)
+                return noise.gaussian(flat, std, rng=self.random_source)
+            # a subclass's shaping of fresh normals (correlated noise: rows of C^-1 Z),
+            # released on the lattice
             return noise.snap(flat, self.draw_noise(), std)
         return flat + std * self.draw_noise().to(flat.dtype)
+
+    def _releases_fresh_noise(self) -> bool:
+        """Whether this step's noise is fresh i.i.d. N(0, 1) per coordinate, so that
+        :func:`renyi.noise.gaussian` draws and releases it exactly; a subclass that shapes
+        its noise (:meth:`draw_noise`) releases through :func:`renyi.noise.snap` instead."""
+        return type(self).draw_noise is DPOptimizer.draw_noise
 
     def noise_std(self) -> float:
         """Standard deviation of the noise on each coordinate of the clipped sum: σ·C.

@@ -88,6 +88,7 @@ __all__ = [
     "ShuffleSampler",
     "TorchRandomSource",
     "TruncatedPoissonSampler",
+    "checked_random_source",
     "make_random_source",
 ]
 
@@ -154,6 +155,8 @@ class SecureRandomSource(TorchRandomSource):
 
     def uniform(self, n: int) -> torch.Tensor:
         n = check_int("n", n, 0)
+        if not _trusted_secure(self):
+            raise fail("random_source", self, "a SecureRandomSource backed by renyi's OS source")
         return torch.from_numpy(self.source.uniform_open(n))
 
     def normal(self, shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -222,6 +225,48 @@ def make_random_source(seed: int | None = None) -> TorchRandomSource:
     return SecureRandomSource() if seed is None else SeededRandomSource(seed)
 
 
+def checked_random_source(
+    random_source: Any, allow_predictable_sampling: bool = False
+) -> TorchRandomSource:
+    """The source a sampler may decide batch membership with: the rules of the noise.
+
+    ``None`` gives the secure OS source. renyi's :class:`SecureRandomSource` (backed by renyi's
+    own secure words) and :class:`SeededRandomSource` (which warned when it was made) are
+    accepted by exact type: a subclass, a tampered secure source or any other object (one
+    that returns zeros would put every example in every batch while the accountant charges
+    ``q``) is refused with :class:`~renyi.errors.PrivacyParameterError`, unless
+    ``allow_predictable_sampling=True`` says the caller vouches for it (it then warns:
+    :class:`~renyi.errors.InsecureRandomnessWarning`).
+    """
+    if random_source is None:
+        return SecureRandomSource()
+    if type(random_source) is SecureRandomSource and _trusted_secure(random_source):
+        return random_source
+    if type(random_source) is SeededRandomSource:
+        return random_source
+    if not allow_predictable_sampling:
+        raise fail(
+            "random_source",
+            random_source,
+            "None (the secure OS source), SecureRandomSource or SeededRandomSource; a "
+            "caller-supplied source decides who is in each batch, so it needs "
+            "allow_predictable_sampling=True (renyi cannot check that its batches are the "
+            "accounted sampling)",
+        )
+    rrandom._warn_insecure(
+        f"a caller-supplied {type(random_source).__name__} for batch sampling "
+        "(allow_predictable_sampling=True)",
+        "renyi cannot vouch for its batches; leave random_source unset for the secure source",
+    )
+    return random_source  # type: ignore[no-any-return]
+
+
+def _trusted_secure(source: SecureRandomSource) -> bool:
+    """Its words come from one of renyi's own sources (exact type; a seeded one is
+    reproducible and warns where it is used for noise)."""
+    return rrandom.is_trusted_source(source.source)
+
+
 def _refuse_default_collate(caller: Any) -> None:
     """Refuse, before the first batch, a ``DataLoader(batch_sampler=sampler)`` whose
     ``collate_fn`` is torch's ``default_collate``: it raises ``IndexError`` on the first
@@ -281,6 +326,7 @@ class _PrivacySamplerBase:
         batch_size: int,
         steps: int,
         random_source: TorchRandomSource | None,
+        allow_predictable_sampling: bool = False,
     ) -> None:
         """Validate and store what every fixed-batch-size sampler holds (in this order)."""
         self.num_samples = check_int("num_samples", num_samples, 1)
@@ -288,7 +334,7 @@ class _PrivacySamplerBase:
         if self.batch_size > self.num_samples:
             raise fail("batch_size", batch_size, f"an integer in [1, num_samples={num_samples}]")
         self.steps = check_int("steps", steps, 1)
-        self.random_source = random_source if random_source is not None else SecureRandomSource()
+        self.random_source = checked_random_source(random_source, allow_predictable_sampling)
         self._position = 0
 
     def _batch_size(self) -> int:
@@ -370,11 +416,12 @@ class PoissonSampler(_PrivacySamplerBase):
         steps: int,
         *,
         random_source: TorchRandomSource | None = None,
+        allow_predictable_sampling: bool = False,
     ) -> None:
         self.num_samples = check_int("num_samples", num_samples, 1)
         self.sample_rate = check_range("sample_rate", sample_rate, 0.0, 1.0, low_open=True)
         self.steps = check_int("steps", steps, 1)
-        self.random_source = random_source if random_source is not None else SecureRandomSource()
+        self.random_source = checked_random_source(random_source, allow_predictable_sampling)
         self._position = 0
 
     @property
@@ -422,8 +469,11 @@ class FixedSizeSampler(_PrivacySamplerBase):
         steps: int,
         *,
         random_source: TorchRandomSource | None = None,
+        allow_predictable_sampling: bool = False,
     ) -> None:
-        self._fixed_batch_setup(num_samples, batch_size, steps, random_source)
+        self._fixed_batch_setup(
+            num_samples, batch_size, steps, random_source, allow_predictable_sampling
+        )
 
     @property
     def sample_rate(self) -> float:
@@ -475,8 +525,15 @@ class TruncatedPoissonSampler(PoissonSampler):
         *,
         max_batch_size: int | None = None,
         random_source: TorchRandomSource | None = None,
+        allow_predictable_sampling: bool = False,
     ) -> None:
-        super().__init__(num_samples, sample_rate, steps, random_source=random_source)
+        super().__init__(
+            num_samples,
+            sample_rate,
+            steps,
+            random_source=random_source,
+            allow_predictable_sampling=allow_predictable_sampling,
+        )
         cap = (
             default_max_batch_size(max(1, round(self.expected_batch_size)))
             if max_batch_size is None
@@ -522,8 +579,11 @@ class _EpochSampler(_PrivacySamplerBase):
         steps: int,
         *,
         random_source: TorchRandomSource | None = None,
+        allow_predictable_sampling: bool = False,
     ) -> None:
-        self._fixed_batch_setup(num_samples, batch_size, steps, random_source)
+        self._fixed_batch_setup(
+            num_samples, batch_size, steps, random_source, allow_predictable_sampling
+        )
         self._epoch = []
         self._served = 0  # batches served since construction (or since the restored state)
 

@@ -190,9 +190,10 @@ def as_integers(value: Any, name: str = "value") -> tuple[NDArray[Any], bool]:
     """A non-empty integer scalar or array, exactly: never through float64.
 
     Python ints of any size, numpy integer arrays, and floats holding integral values (taken
-    at their exact value) are accepted; the result is int64 when every entry is below
-    ``2**62`` in magnitude, else an object array of Python ints (so ``2**53 + 1`` stays
-    ``2**53 + 1``). Booleans, strings, NaN, infinities and non-integral floats are refused.
+    at their exact value) are accepted; the result is int64 when every entry is at most
+    ``2**62`` in magnitude (:data:`VALUE_BOUND`), else an object array of Python ints (so
+    ``2**53 + 1`` stays ``2**53 + 1``). Booleans, strings, NaN, infinities and non-integral
+    floats are refused.
     """
     expected = "integers (Python ints, integer arrays, or floats with integral values)"
     if isinstance(value, bool | np.bool_ | str | bytes):
@@ -207,8 +208,8 @@ def as_integers(value: Any, name: str = "value") -> tuple[NDArray[Any], bool]:
     if arr.size == 0:
         raise fail(name, value, expected + " (got an empty array)")
     if arr.dtype.kind in "iu":
-        big = arr.dtype.kind == "u" and int(arr.max()) >= 2**62
-        if not big and int(np.abs(arr.astype(np.int64)).max()) < 2**62:
+        big = arr.dtype.kind == "u" and int(arr.max()) > VALUE_BOUND
+        if not big and int(np.abs(arr.astype(np.int64)).max()) <= VALUE_BOUND:
             return arr.astype(np.int64), arr.ndim == 0
         return arr.astype(object), arr.ndim == 0
     flat = arr.reshape(-1).tolist() if arr.dtype.kind in "fO" else None
@@ -228,16 +229,43 @@ def as_integers(value: Any, name: str = "value") -> tuple[NDArray[Any], bool]:
     flat_out = np.empty(len(ints), dtype=object)
     flat_out[:] = ints
     out: NDArray[Any] = flat_out.reshape(arr.shape)
-    if max(abs(v) for v in ints) < 2**62:
+    if max(abs(v) for v in ints) <= VALUE_BOUND:
         out = out.astype(np.int64)
     return out, arr.ndim == 0 and scalar
+
+
+#: The public range of the integer mechanisms' inputs: ``|value| <= 2**62`` (int64 with room
+#: for the noise). Every value in range takes the same path; values beyond are refused by
+#: this bound (a public one), never handled by another code path.
+VALUE_BOUND = 2**62
+
+
+def in_range_integers(
+    value: Any, bound: int = VALUE_BOUND, name: str = "value"
+) -> tuple[NDArray[Any], bool]:
+    """:func:`as_integers` restricted to the public range ``|value| <= bound``, on one path
+    for every value in range: int64 when ``bound <= 2**62`` (:data:`VALUE_BOUND`), else
+    Python ints (an object array) for every value. Values beyond ``bound`` are refused."""
+    x, scalar = as_integers(value, name)
+    shown = "2**62" if bound == VALUE_BOUND else str(bound)
+    if bound <= VALUE_BOUND:
+        if x.dtype == object:
+            raise fail(name, "an entry beyond the range", f"integers with |value| <= {shown}")
+        if bound < VALUE_BOUND and not bool((np.abs(x) <= bound).all()):
+            raise fail(name, "an entry beyond the range", f"integers with |value| <= {shown}")
+        return x, scalar
+    big = x.astype(object)
+    if not all(abs(v) <= bound for v in big.reshape(-1).tolist()):
+        raise fail(name, "an entry beyond the range", f"integers with |value| <= {shown}")
+    return big, scalar
 
 
 def add_integers(x: NDArray[Any], noise: NDArray[np.int64]) -> NDArray[Any]:
     """``x + noise`` exactly: int64 when the sum cannot overflow, else Python ints."""
     noise = noise.reshape(x.shape)
     if x.dtype != object and noise.size:
-        if int(np.abs(x).max()) < 2**62 and int(np.abs(noise).max()) < 2**62:
+        # numpy booleans, no Python ints: the same work whatever the magnitudes
+        if bool((np.abs(x) <= VALUE_BOUND).all() & (np.abs(noise) < 2**62).all()):
             return x + noise
     out = x.astype(object) + noise.astype(object)
     return np.asarray(out, dtype=object)

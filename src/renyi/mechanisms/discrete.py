@@ -43,13 +43,14 @@ from renyi.analysis.conversions import zcdp_max_rho
 from renyi.analysis.curves import DEFAULT_ORDERS, PureDp, RdpCurve, Zcdp
 from renyi.analysis.events import DiscreteGaussianEvent, DiscreteLaplaceEvent, Event
 from renyi.mechanisms._base import (
+    VALUE_BOUND,
     Calibration,
     Mechanism,
     Target,
     add_integers,
-    as_integers,
     down,
     grow_until,
+    in_range_integers,
     parse_target,
     up,
 )
@@ -361,7 +362,15 @@ class DiscreteGaussianMechanism(Mechanism):
     dtype('int64')
     """
 
-    def __init__(self, sigma_squared: Any, sensitivity: Any = 1, *, dimension: int = 1) -> None:
+    def __init__(
+        self,
+        sigma_squared: Any,
+        sensitivity: Any = 1,
+        *,
+        dimension: int = 1,
+        value_bound: int = VALUE_BOUND,
+    ) -> None:
+        self.value_bound = _check_bound(value_bound)
         s2 = as_fraction("sigma_squared", sigma_squared)
         _check_terms("sigma_squared", sigma_squared, s2)
         self.dimension = check_int("dimension", dimension, 1)
@@ -380,7 +389,7 @@ class DiscreteGaussianMechanism(Mechanism):
     def release(self, value: Any, rng: Any = None) -> Any:
         """``value`` (integers, any shape with ``dimension`` entries) plus discrete Gaussian
         noise; returns int64 (a Python int for a scalar)."""
-        x, scalar = as_integers(value)
+        x, scalar = in_range_integers(value, self.value_bound)  # one path for all in range
         _check_size(x, self.dimension)
         noise = noise_gaussian_frac(self.sigma_squared, self._t, x.size, get_source(rng))
         out = add_integers(x, noise)  # exact: int64, or Python ints beyond its range
@@ -444,6 +453,11 @@ class DiscreteGaussianMechanism(Mechanism):
         return mech._with(
             Calibration(target.describe(), method, bound, check(mech), _limit(target))
         )
+
+
+def _check_bound(bound: Any) -> int:
+    """``value_bound``: the public range ``|value| <= value_bound`` of a release's inputs."""
+    return check_int("value_bound", bound, 1)
 
 
 def _limit(target: Target) -> float:
@@ -514,7 +528,15 @@ class DiscreteLaplaceMechanism(Mechanism):
     (Fraction(2, 1), 0.5)
     """
 
-    def __init__(self, scale: Any, sensitivity: Any = 1, *, dimension: int = 1) -> None:
+    def __init__(
+        self,
+        scale: Any,
+        sensitivity: Any = 1,
+        *,
+        dimension: int = 1,
+        value_bound: int = VALUE_BOUND,
+    ) -> None:
+        self.value_bound = _check_bound(value_bound)
         sc = as_fraction("scale", scale)
         _check_terms("scale", scale, sc)
         self.dimension = check_int("dimension", dimension, 1)
@@ -531,7 +553,7 @@ class DiscreteLaplaceMechanism(Mechanism):
 
     def release(self, value: Any, rng: Any = None) -> Any:
         """``value`` (integers, ``dimension`` entries) plus discrete Laplace noise (int64)."""
-        x, scalar = as_integers(value)
+        x, scalar = in_range_integers(value, self.value_bound)  # one path for all in range
         _check_size(x, self.dimension)
         noise = noise_laplace_int(
             self.scale.numerator, self.scale.denominator, x.size, get_source(rng)

@@ -96,6 +96,7 @@ ROUNDING_SLACK = 0.0
 #: The number of released values that :func:`accounting_slack` covers for one accountant.
 MAX_ACCOUNTED_VALUES = 2**64
 
+_SMALL = 1 << 12  # releases up to this size run numpy's kernels (less per-call overhead)
 _CHUNK_UNITS = 1 << 15  # units of random bits per float32 pass on the CPU (fits in L2)
 _DEVICE_CHUNK_UNITS = 1 << 22
 _GAUSS_DOMAIN, _LAPLACE_DOMAIN = 0, 64  # nonce domains; extension level l adds l
@@ -239,6 +240,12 @@ class _CounterBits:
         self._next = start + n
         return buf
 
+    def main_bytes_at(self, first: int, count: int) -> bytes | bytearray:
+        """:meth:`main_bytes` with a cipher context of its own (for worker threads)."""
+        start = first * self.unit
+        block, skip = divmod(start, _chacha.BLOCK_BYTES)
+        return _chacha.keystream(self.key, self._nonce(0), block, skip + count * self.unit)[skip:]
+
     def _blocks_bytes(self, level: int, start: int, n: int) -> bytes:
         b0 = start // _chacha.BLOCK_BYTES
         b1 = (start + n + _chacha.BLOCK_BYTES - 1) // _chacha.BLOCK_BYTES
@@ -304,11 +311,11 @@ class _SourceBits:
 
 
 # ------------------------------------------------------------------------- the release
-def _ops_for(value: Any) -> tuple[Any, _kernel.Ops]:
+def _threads(ops: _kernel.Ops) -> int:
+    """Worker threads for a large CPU release: torch's intra-op thread count (which
+    ``torch.set_num_threads`` and ``OMP_NUM_THREADS`` set), 1 without torch."""
     torch = sys.modules.get("torch")
-    if torch is not None:
-        return torch, _kernel.Ops(torch)
-    return None, _kernel.Ops(np)
+    return int(torch.get_num_threads()) if torch is not None else 1
 
 
 def _compute_dtype(dtype: Any, g: float, ops: _kernel.Ops) -> Any:
@@ -358,6 +365,28 @@ def _release_flat(
 
     ``device_path`` (default: whether ``device`` is not the CPU) draws the keystream with the
     torch ChaCha20 on ``device`` instead of OpenSSL: the GPU path, testable on the CPU."""
+    if not ops.torch:  # the same operations for every value: no floating-point warnings
+        with np.errstate(all="ignore"):
+            return _release_flat_checked(
+                kind, x, scale, bits, offset, ops, out_dtype, device, given, device_path
+            )
+    return _release_flat_checked(
+        kind, x, scale, bits, offset, ops, out_dtype, device, given, device_path
+    )
+
+
+def _release_flat_checked(
+    kind: str,
+    x: Any,
+    scale: float,
+    bits: Any,
+    offset: int,
+    ops: _kernel.Ops,
+    out_dtype: Any,
+    device: Any,
+    given: Any,
+    device_path: bool | None,
+) -> Any:
     n = int(x.numel()) if ops.torch else int(x.size)
     g = lattice_step(scale)
     s = scale / g  # exact: g is a power of two
@@ -383,9 +412,17 @@ def _release_flat(
     chunk = _DEVICE_CHUNK_UNITS if on_device else _CHUNK_UNITS
     flagged: list[tuple[Any, Any, Any, Any]] = []
     inv_g = 1.0 / g
-    for u0 in range(first_unit, last_unit, chunk):
+    wide_g = g < 1.0  # x / g can overflow only then (a public condition)
+
+    def one(u0: int, own_stream: bool) -> None:
         k = min(chunk, last_unit - u0)
-        w1, w2 = _main_words(bits, kind, u0, k, ops, device, on_device)
+        if own_stream:  # a worker thread: its own cipher context, no shared state
+            raw = bits.main_bytes_at(u0, k)
+            arr = np.frombuffer(raw, dtype="<i8" if kind == "gaussian" else "<i4")
+            w1: Any = ops.xp.from_numpy(arr.copy()) if ops.torch else arr.copy()
+            w2: Any = w1 >> 32 if kind == "gaussian" else None
+        else:
+            w1, w2 = _main_words(bits, kind, u0, k, ops, device, on_device)
         z, bad = _kernel.standard_f32(kind, w1, w2, ops)
         v0 = max(u0 * uv, offset)  # the chunk's values (global positions) [v0, v1)
         v1 = min((u0 + k) * uv, offset + n)
@@ -398,12 +435,13 @@ def _release_flat(
         xc = ops.to(xs, cd)
         t = xc * inv_g
         f = t - ops.rint(t)
-        f = ops.nan0(f)
-        v = ops.to(f, ops.f32) if cd is not ops.f32 else f.clone() if ops.torch else f.copy()
-        v += s32 * z
+        if wide_g:
+            f = ops.nan0(f)  # inf - inf where x / g overflowed: there x is on the lattice, f = 0
+        v = z * s32
+        v += ops.to(f, ops.f32) if cd is not ops.f32 else f
         j = ops.rint(v)
-        ok = v - j
-        ok = abs(ok) <= thr
+        v -= j
+        ok = abs(v) <= thr
         res = _kernel.finish(xc, f, j, g, out_dtype, big, ops)
         out[v0 - offset : v1 - offset] = res[lead : lead + (v1 - v0)]
         ok &= ~bad
@@ -420,6 +458,18 @@ def _release_flat(
             flagged.append(
                 (idx + (v0 - offset), w1[units], None if w2 is None else w2[units], (idx + v0) % uv)
             )
+
+    starts = range(first_unit, last_unit, chunk)
+    workers = _threads(ops) if not on_device and isinstance(bits, _CounterBits) else 1
+    if workers > 1 and len(starts) >= 2 * workers:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda u: one(u, True), starts))
+        flagged.sort(key=lambda fl: int(fl[0][0]))  # the order of the values (deterministic)
+    else:
+        for u0 in starts:
+            one(u0, False)
     if flagged:
         _settle_flagged(kind, x, flagged, s, g, out, out_dtype, big, bits, offset, ops)
     return out
@@ -562,11 +612,24 @@ def _release(
         flat = arr.detach().reshape(-1)
         if not flat.is_floating_point():
             flat = flat.to(torch.float64)
-        ops = _kernel.Ops(torch)
         if s == 0.0:
-            res = flat.to(out_dtype) + 0.0
-        else:
-            res = _release_flat(kind, flat, s, bits, offset, ops, out_dtype, flat.device, given)
+            return (flat.to(out_dtype) + 0.0).reshape(arr.shape)
+        if flat.device.type == "cpu" and flat.numel() <= _SMALL and flat.dtype != torch.bfloat16:
+            # small CPU releases: numpy's per-operation overhead is a fraction of torch's
+            got = _release_flat(
+                kind,
+                flat.contiguous().numpy(),
+                s,
+                bits,
+                offset,
+                _kernel.Ops(np),
+                np.dtype(str(out_dtype).replace("torch.", "")),
+                None,
+                given,
+            )
+            return torch.from_numpy(got).reshape(arr.shape)
+        ops = _kernel.Ops(torch)
+        res = _release_flat(kind, flat, s, bits, offset, ops, out_dtype, flat.device, given)
         return res.reshape(arr.shape)
     out_np = arr.dtype if arr.dtype.kind == "f" else np.dtype(np.float64)
     flat_np = np.ascontiguousarray(arr.reshape(-1))
@@ -575,16 +638,24 @@ def _release(
     if s == 0.0:
         res_np = flat_np.astype(out_np) + out_np.type(0.0)
     else:
-        torch, ops = _ops_for(arr)
-        if (torch is not None and flat_np.dtype != np.float16) or torch is None:
-            pass
-        if torch is not None:
-            t = torch.from_numpy(flat_np)
+        tmod = sys.modules.get("torch")
+        if tmod is not None and flat_np.size > _SMALL:  # torch's CPU kernels: faster in bulk
+            t = tmod.from_numpy(flat_np)
             res_np = _release_flat(
-                kind, t, s, bits, offset, ops, getattr(torch, str(out_np)), None, given
+                kind,
+                t,
+                s,
+                bits,
+                offset,
+                _kernel.Ops(tmod),
+                getattr(tmod, str(out_np)),
+                None,
+                given,
             ).numpy()
         else:
-            res_np = _release_flat(kind, flat_np, s, bits, offset, ops, out_np, None, given)
+            res_np = _release_flat(
+                kind, flat_np, s, bits, offset, _kernel.Ops(np), out_np, None, given
+            )
     res_np = res_np.reshape(arr.shape)
     if arr.ndim == 0 and not isinstance(value, np.ndarray):
         return float(res_np)
@@ -595,9 +666,15 @@ def _fresh_bits(kind: str, rng: Any, allow: bool) -> Any:
     """The bits for a release with ``rng``: the keyed keystream under a fresh OS key for the
     secure default, else the caller's word source (read in order)."""
     words = resolve_source(rng, allow_predictable_noise=allow)
-    if rng is None:
+    if rng is None or getattr(words, "__self__", None) is _secure_source():
         return lambda: _CounterBits(os.urandom(32), kind, 0, 0)
     return lambda: _SourceBits(words, kind)
+
+
+def _secure_source() -> Any:
+    from renyi.random import _SECURE
+
+    return _SECURE
 
 
 def gaussian(
