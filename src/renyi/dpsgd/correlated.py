@@ -196,7 +196,7 @@ class CyclicAllocationSampler(_PrivacySamplerBase):
         if self.num_selected > self.rounds_per_epoch:
             raise fail("num_selected", num_selected, f"an integer in [1, {rounds_per_epoch}]")
         self.steps = check_int("steps", steps, 1)
-        self.random_source = random_source if random_source is not None else make_random_source()
+        self.random_source = checked_random_source(random_source)  # the noise's rules
         self._position = 0
         self._served = 0
         self._epoch: list[torch.Tensor] = []
