@@ -39,6 +39,7 @@ from renyi._validation import check_int, fail
 from renyi.correlated.sensitivity import Sensitivity, dense_sensitivity, toeplitz_sensitivity
 
 __all__ = [
+    "BandedInverseStrategy",
     "BandedToeplitzStrategy",
     "BltStrategy",
     "DenseStrategy",
@@ -46,6 +47,7 @@ __all__ = [
     "HonakerTreeStrategy",
     "Strategy",
     "TreeStrategy",
+    "bisr",
     "error_summary",
     "identity",
     "strategy_from_dict",
@@ -257,6 +259,68 @@ class BltStrategy(_Toeplitz):
         return {"strategy": "blt", "thetas": list(self.thetas), "omegas": list(self.omegas)}
 
 
+@dataclass(frozen=True)
+class BandedInverseStrategy(_Toeplitz):
+    """Toeplitz ``C`` whose *inverse* is banded: ``C⁻¹`` has first column
+    ``r = (1, r_1, …, r_{b−1})`` (Kalinin et al. 2025, "banded inverse square root", BISR).
+
+    The noise is a finite filter of the fresh normals, ``y_t = Σ_{j<b} r_j z_{t−j}``, so with
+    counter-regenerated noise (:class:`renyi.noise.CounterNoise`) the optimiser keeps no past
+    noise at all: ``z_{t−j}`` is drawn again from its counter (O(parameters) state whatever
+    b, b draws per step). ``C = R⁻¹`` itself is not banded (``bands`` is None): it is
+    accounted by b-min-sep, like BLT, never amplified.
+    """
+
+    inverse_coefficients: tuple[float, ...]
+    name = "banded_inverse"
+
+    def __post_init__(self) -> None:
+        r = np.asarray(self.inverse_coefficients, dtype=np.float64).reshape(-1)
+        if r.size == 0 or not np.all(np.isfinite(r)) or r[0] != 1.0:
+            raise fail(
+                "inverse_coefficients",
+                self.inverse_coefficients,
+                "finite coefficients of C⁻¹ with r[0] == 1",
+            )
+        object.__setattr__(self, "inverse_coefficients", tuple(float(x) for x in r))
+
+    @property
+    def noise_bands(self) -> int:
+        """b: the fresh normal vectors each step's noise combines."""
+        return len(self.inverse_coefficients)
+
+    def coefs(self, steps: int) -> FloatArray:
+        t = check_int("steps", steps, 1)
+        impulse = np.zeros(t)
+        impulse[0] = 1.0
+        return np.asarray(scipy.signal.lfilter([1.0], self.inverse_coefficients, impulse))
+
+    def _filter(self) -> tuple[FloatArray, FloatArray]:
+        return np.asarray(self.inverse_coefficients, dtype=np.float64), np.ones(1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"strategy": "banded_inverse", "inverse_coefs": list(self.inverse_coefficients)}
+
+
+def bisr(bands: int, momentum: float = 0.0) -> BandedInverseStrategy:
+    """The banded inverse square root (BISR, Kalinin et al. 2025) of the prefix-sum workload
+    with heavy-ball ``momentum`` β: the first ``bands`` coefficients of the power series
+    ``a(x)^{−1/2} = (1 − x)^{1/2} (1 − βx)^{1/2}`` (``a`` the workload's generating function).
+
+    >>> bisr(3).inverse_coefficients
+    (1.0, -0.5, -0.125)
+    """
+    from renyi._validation import check_range
+
+    b = check_int("bands", bands, 1)
+    beta = check_range("momentum", momentum, 0.0, 1.0, high_open=True)
+    j = np.arange(1, b)
+    half = np.concatenate([[1.0], np.cumprod((j - 1.5) / j)])  # (1 − x)^{1/2}
+    mom = np.concatenate([[1.0], np.cumprod((j - 1.5) / j * beta)])  # (1 − βx)^{1/2}
+    r = np.convolve(half, mom)[:b]
+    return BandedInverseStrategy(tuple(float(x) for x in r))
+
+
 def _lowbit(n: NDArray[np.int64]) -> NDArray[np.int64]:
     return n & -n
 
@@ -372,11 +436,15 @@ def strategy_from_dict(data: dict[str, Any]) -> Strategy:
         return BltStrategy(tuple(data["thetas"]), tuple(data["omegas"]))
     if kind == "tree":
         return TreeStrategy()
+    if kind == "banded_inverse":
+        return BandedInverseStrategy(tuple(data["inverse_coefs"]))
     if kind == "honaker":
         return HonakerTreeStrategy()
     if kind == "dense":
         return DenseStrategy(np.asarray(data["c"]))
-    raise fail("strategy", kind, "'dpsgd', 'banded', 'blt', 'tree', 'honaker' or 'dense'")
+    raise fail(
+        "strategy", kind, "'dpsgd', 'banded', 'blt', 'tree', 'banded_inverse', 'honaker' or 'dense'"
+    )
 
 
 @dataclass(frozen=True)

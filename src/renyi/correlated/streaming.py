@@ -9,6 +9,12 @@ forming a T × T matrix:
 * banded Toeplitz, b bands: ``y_t = z_t − Σ_{m<b} c_m y_{t−m}`` — the last ``b − 1`` outputs;
 * BLT with d buffers: ``y_t = z_t − Σ_i ω_i S_i``, then ``S_i ← θ_i S_i + y_t`` — d buffers;
 * tree (square, online): ``y_n = z_n − Σ_{l < lowbit level of n} node_l`` — one per level;
+* banded inverse (``C⁻¹`` with b bands,
+  :class:`~renyi.correlated.strategies.BandedInverseStrategy`): ``y_t = Σ_{j<b} r_j z_{t−j}``
+  — the last ``b − 1`` fresh vectors, or **none** when the
+  caller can regenerate ``z_s`` from a counter (``regenerate=``, e.g.
+  :meth:`renyi.noise.CounterNoise.standard_normal` at ``step=s``): the same arithmetic in
+  the same order, so bit-identical outputs with O(1) vectors of state;
 * identity (DP-SGD): ``y_t = z_t``, returned as is (no copy, no arithmetic: bit for bit).
 
 They work on numpy arrays and torch tensors alike (only ``+``, ``*``, ``copy``/``clone``), so
@@ -20,10 +26,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from renyi._validation import check_int, fail
 from renyi.correlated.strategies import (
+    BandedInverseStrategy,
     BandedToeplitzStrategy,
     BltStrategy,
     Strategy,
@@ -182,12 +190,81 @@ class _Tree(StreamingNoise):
         self.step = step
 
 
-def streaming_noise(strategy: Strategy) -> StreamingNoise:
-    """The bounded-memory generator of ``R z`` for ``strategy`` (banded, BLT, tree, identity).
+class _BandedInverse(StreamingNoise):
+    """``y_t = Σ_{j<b} r_j z_{t−j}`` keeping the last ``b − 1`` fresh vectors."""
+
+    def __init__(self, coefs: tuple[float, ...]) -> None:
+        super().__init__()
+        self.coefs = coefs
+        self.history: deque[Any] = deque(maxlen=len(coefs) - 1)  # fresh z, newest first
+
+    def _next(self, z: Any) -> Any:
+        keep = _copy(z)
+        y = z
+        if self.coefs[0] != 1.0:
+            y *= self.coefs[0]
+        for j, past in enumerate(self.history, start=1):
+            _axpy(y, self.coefs[j], past)
+        if self.history.maxlen:
+            self.history.appendleft(keep)
+        return y
+
+    @property
+    def buffers(self) -> int:
+        return len(self.history)
+
+    def _state(self) -> list[Any]:
+        return list(self.history)
+
+    def _load(self, vectors: list[Any]) -> None:
+        if len(vectors) > len(self.coefs) - 1:
+            raise fail("state['vectors']", len(vectors), f"at most {len(self.coefs) - 1}")
+        self.history = deque(vectors, maxlen=len(self.coefs) - 1)
+
+
+class _RegeneratedBandedInverse(StreamingNoise):
+    """:class:`_BandedInverse` with no stored vectors: ``z_{t−j}`` comes again from
+    ``regenerate(t − j)`` (the caller's counter-based source), in the same order."""
+
+    def __init__(self, coefs: tuple[float, ...], regenerate: Callable[[int], Any]) -> None:
+        super().__init__()
+        self.coefs = coefs
+        self.regenerate = regenerate
+
+    def _next(self, z: Any) -> Any:
+        y = z
+        if self.coefs[0] != 1.0:
+            y *= self.coefs[0]
+        for j in range(1, min(len(self.coefs), self.step + 1)):
+            _axpy(y, self.coefs[j], self.regenerate(self.step - j))
+        return y
+
+    @property
+    def buffers(self) -> int:
+        return 0
+
+
+def streaming_noise(
+    strategy: Strategy, *, regenerate: Callable[[int], Any] | None = None
+) -> StreamingNoise:
+    """The bounded-memory generator of ``R z`` for ``strategy`` (banded, BLT, tree, identity,
+    banded inverse).
+
+    ``regenerate(step)`` — the fresh vector ``z_step`` drawn again (a counter-based source):
+    the banded-inverse filter then keeps no vectors. The other filters' states are their
+    own past *outputs* (infinite impulse responses of the fresh noise), which no counter
+    regenerates without replaying the run: they keep their buffers whatever ``regenerate``.
 
     Raises:
         PrivacyParameterError: a strategy with no bounded-memory form (dense, Honaker).
     """
+    if isinstance(strategy, BandedInverseStrategy):
+        coefs = strategy.inverse_coefficients
+        return (
+            _BandedInverse(coefs)
+            if regenerate is None
+            else _RegeneratedBandedInverse(coefs, regenerate)
+        )
     if isinstance(strategy, BandedToeplitzStrategy):
         if strategy.bands == 1:
             return _Identity()

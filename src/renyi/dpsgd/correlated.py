@@ -20,7 +20,10 @@ optimizer is (ε, δ)-DP (add/remove neighbours) for the ε the accountant repor
 ``plan.event``.
 
 Checkpoints (:meth:`CorrelatedOptimizer.state_dict`) carry the filter's state — past noise
-vectors. Keep them as secret as the data: whoever holds them can cancel part of the noise.
+vectors — and, with ``counter_noise``, its key. Keep them as secret as the data: whoever
+holds them can cancel part of the noise. With ``counter_noise`` (:class:`renyi.noise.CounterNoise`)
+the fresh normals of step t are those of counter ``(0, t)``; the banded-inverse strategy
+(``noise="banded_inverse"``) then regenerates its past draws and keeps no noise vectors.
 
 Example:
     >>> import torch
@@ -57,7 +60,7 @@ from renyi.correlated.accounting import (
     correlated_plan,
 )
 from renyi.correlated.optimize import optimize_banded, optimize_blt
-from renyi.correlated.strategies import Strategy, TreeStrategy, identity
+from renyi.correlated.strategies import Strategy, TreeStrategy, bisr, identity
 from renyi.correlated.streaming import _Identity, streaming_noise
 from renyi.correlated.workload import prefix_coefs
 from renyi.dpsgd.optimizer import BudgetHook, ClippingEngine, DPOptimizer, PlanExceededError
@@ -77,8 +80,8 @@ __all__ = [
     "make_private_correlated",
 ]
 
-NoiseKind = Literal["dpsgd", "tree", "banded", "blt", "auto"]
-NOISE_KINDS: tuple[str, ...] = ("dpsgd", "tree", "banded", "blt", "auto")
+NoiseKind = Literal["dpsgd", "tree", "banded", "blt", "banded_inverse", "auto"]
+NOISE_KINDS: tuple[str, ...] = ("dpsgd", "tree", "banded", "blt", "banded_inverse", "auto")
 
 
 class CyclicPoissonSampler(_PrivacySamplerBase):
@@ -303,6 +306,8 @@ class CorrelatedOptimizer(DPOptimizer):
         grad_mode: str = "auto",
         engine: ClippingEngine | None = None,
         budget: BudgetHook | None = None,
+        counter_noise: Any = None,
+        regenerate: bool = True,
     ) -> None:
         mine: tuple[Any, ...]
         theirs: tuple[Any, ...]
@@ -326,7 +331,9 @@ class CorrelatedOptimizer(DPOptimizer):
             raise fail("plan", theirs, f"the sampler's {what} = {mine}")
         if plan.strategy != strategy.name:
             raise fail("plan.strategy", plan.strategy, f"{strategy.name!r} (the strategy's)")
-        self.noise = streaming_noise(strategy)
+        self.counter_noise = counter_noise
+        self._regenerate = bool(regenerate)
+        self.noise = streaming_noise(strategy)  # rebuilt once the parameters are known
         super().__init__(
             optimizer,
             model=model,
@@ -346,6 +353,21 @@ class CorrelatedOptimizer(DPOptimizer):
         self.plan = plan
         self.event = plan.step_event
         self._sensitivity = plan.sensitivity.value
+        if counter_noise is not None:
+            from renyi.noise import CounterNoise
+
+            if not isinstance(counter_noise, CounterNoise):
+                raise fail("counter_noise", type(counter_noise).__name__, "a CounterNoise")
+            if self._regenerate:
+                self.noise = streaming_noise(strategy, regenerate=self._fresh)
+
+    def _fresh(self, step: int) -> torch.Tensor:
+        """``z_step``: the fresh standard normals of noise step ``step`` from the counter."""
+        total = sum(p.numel() for p in self._params)
+        # numpy's float64 path (the torch path of CounterNoise.standard_normal computes in
+        # torch's default float32 on the CPU today): the same bits, full precision
+        z = self.counter_noise.standard_normal((total,), stream=0, step=step)
+        return torch.from_numpy(z)
 
     def _releases_fresh_noise(self) -> bool:
         """Identity noise of sensitivity 1 is DP-SGD's: released exactly by renyi.noise (the
@@ -356,8 +378,11 @@ class CorrelatedOptimizer(DPOptimizer):
         return False
 
     def draw_noise(self) -> torch.Tensor:
-        """Row t of ``C⁻¹ Z`` times the sensitivity (one fresh N(0, I) draw per step)."""
-        y = self.noise.next(super().draw_noise())
+        """Row t of ``C⁻¹ Z`` times the sensitivity (one fresh N(0, I) draw per step: from
+        the random source, or from ``counter_noise`` at ``(stream 0, step t)``, where the
+        banded-inverse filter regenerates the past draws instead of keeping them)."""
+        z = super().draw_noise() if self.counter_noise is None else self._fresh(self.noise.step)
+        y = self.noise.next(z)
         if self._sensitivity != 1.0:
             y.mul_(self._sensitivity)
         return y
@@ -383,6 +408,7 @@ class CorrelatedOptimizer(DPOptimizer):
             "plan": self.plan.to_dict(),
             "strategy": self.strategy.to_dict(),
             "noise": self.noise.state_dict(),
+            "counter": None if self.counter_noise is None else self.counter_noise.state_dict(),
         }
         return state
 
@@ -396,8 +422,15 @@ class CorrelatedOptimizer(DPOptimizer):
                 raise fail(f"checkpoint {key}", saved[key], f"{mine!r} (this optimizer's)")
         if saved["noise"]["step"] != state["steps_taken"]:
             raise fail("checkpoint noise step", saved["noise"]["step"], "equal to steps_taken")
+        if (saved.get("counter") is None) != (self.counter_noise is None):
+            raise fail("checkpoint counter", saved.get("counter") is not None,
+                       "the same noise source (counter or not) as this optimizer")  # fmt: skip
         super().load_state_dict(state)
         self.noise.load_state_dict(saved["noise"])
+        if saved.get("counter") is not None:
+            from renyi.noise import CounterNoise
+
+            self.counter_noise = CounterNoise.from_state_dict(saved["counter"])
 
 
 def _strategy(
@@ -417,6 +450,8 @@ def _strategy(
         return TreeStrategy()
     if noise == "banded":
         return optimize_banded(steps, bands or partitions, workload=workload)
+    if noise == "banded_inverse":
+        return bisr(bands or 4, momentum)
     return optimize_blt(
         steps, buffers, min_sep=partitions, max_participations=rounds, workload=workload
     )
@@ -450,6 +485,7 @@ def make_private_correlated(
     grad_mode: str = "auto",
     engine: ClippingEngine | None = None,
     budget: BudgetHook | None = None,
+    counter_noise: Any = None,
 ) -> PrivateTraining:
     """Like :func:`~renyi.dpsgd.privacy.make_private`, with correlated noise.
 
@@ -474,6 +510,10 @@ def make_private_correlated(
       partitions (every record once per epoch, b-min-sep with b = steps per epoch): one
       Gaussian with the strategy's multi-participation sensitivity. Both samplings give
       this sampler (it is random allocation with one round per epoch).
+    * ``"banded_inverse"`` — ``C⁻¹`` with ``bands`` bands (default 4), the banded inverse
+      square root of the workload (BISR, :func:`renyi.correlated.strategies.bisr`), sampled
+      and accounted as BLT; with ``counter_noise`` (a :class:`renyi.noise.CounterNoise`) the
+      optimiser keeps no past noise (it regenerates it: b draws per step).
     * ``"auto"`` — :func:`~renyi.correlated.choice.choose_strategy` over DP-SGD, banded and
       BLT (needs ``target_epsilon``).
 
@@ -547,12 +587,16 @@ def make_private_correlated(
         partitions = 1
     elif noise == "banded" and strategy is None:
         partitions = bands or 4
+    elif noise == "banded_inverse" and strategy is None:
+        partitions = max(1, n // batch_size)
     elif strategy is not None and strategy.bands is not None:
         partitions = strategy.bands
     else:
         partitions = max(1, n // batch_size)
     partitions = min(partitions, steps)
-    wide = noise in ("blt", "tree") or (strategy is not None and strategy.bands is None)
+    wide = noise in ("blt", "tree", "banded_inverse") or (
+        strategy is not None and strategy.bands is None
+    )
     rate = batch_size * partitions / n
     if rate > 1.0:
         raise fail(
@@ -624,6 +668,7 @@ def make_private_correlated(
         grad_mode=grad_mode,
         engine=engine,
         budget=budget,
+        counter_noise=counter_noise,
     )
     return PrivateTraining(
         model=model,
