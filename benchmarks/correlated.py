@@ -19,6 +19,11 @@ Three parts (``torch.set_num_threads(1)`` for the torch ones):
    315k-parameter MLP; steps interleaved round-robin in one process, medians and ratios to
    DP-SGD.
 
+4. **Memory** (``--memory``): the banded-inverse filter (BISR) over ``--memory-params``
+   float64 parameters with ``--memory-bands`` bands, its past draws stored vs regenerated
+   from :class:`renyi.noise.CounterNoise`: bytes of noise state and peak RSS, each in its own
+   process, and the CPU per step (b counter draws per step when regenerated).
+
     .venv/bin/python benchmarks/correlated.py --errors --accuracy --cost [--seeds 3] [--json]
 """
 
@@ -276,6 +281,48 @@ def _summarise_accuracy(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+_MEMORY_CHILD = """
+import json, resource, sys, time
+import numpy as np
+from renyi.correlated.strategies import bisr
+from renyi.correlated.streaming import streaming_noise
+from renyi.noise import CounterNoise
+d, bands, steps, regen = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+cn = CounterNoise(bytes(32))
+fresh = lambda s: cn.standard_normal((d,), stream=0, step=s)
+f = streaming_noise(bisr(bands, 0.9), regenerate=fresh if regen else None)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t0 = time.process_time()
+acc = 0.0
+for t in range(steps):
+    acc += float(f.next(fresh(t))[0])
+state = sum(v.nbytes for v in f.state_dict()["vectors"])
+print(json.dumps({"state_bytes": state, "maxrss_kb": resource.getrusage(
+    resource.RUSAGE_SELF).ru_maxrss, "maxrss_before_kb": before,
+    "cpu_s_per_step": (time.process_time() - t0) / steps, "check": acc}))
+"""
+
+
+def memory(params: int, bands: int, steps: int) -> list[dict[str, Any]]:
+    """Noise state and peak memory of the banded-inverse filter, stored vs regenerated from
+    :class:`renyi.noise.CounterNoise` (each in its own process: ``ru_maxrss``)."""
+    import subprocess
+
+    rows = []
+    for regen in (False, True):
+        out = subprocess.run(
+            [sys.executable, "-c", _MEMORY_CHILD, str(params), str(bands), str(steps),
+             "1" if regen else "0"],
+            capture_output=True, text=True, check=True, env=os.environ,
+        )  # fmt: skip
+        row = json.loads(out.stdout)
+        row.update(params=params, bands=bands, steps=steps, regenerated=regen)
+        rows.append(row)
+    if rows[0]["check"] != rows[1]["check"]:
+        raise RuntimeError("regenerated noise differs from stored noise")
+    return rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--errors", action="store_true")
@@ -287,6 +334,9 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--noises", nargs="+", default=["dpsgd", "banded", "blt"])
     p.add_argument("--cost-steps", type=int, default=30)
+    p.add_argument("--memory", action="store_true", help="banded-inverse: stored vs regenerated")
+    p.add_argument("--memory-params", type=int, default=1_000_000)
+    p.add_argument("--memory-bands", type=int, default=16)
     p.add_argument("--strategies", nargs="+", help="strategies of the error table (default all)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
@@ -299,6 +349,8 @@ def main() -> int:
         result["accuracy"] = {"runs": rows, "summary": _summarise_accuracy(rows)}
     if args.cost:
         result["cost"] = cost((4, 16, 64), args.buffers, args.cost_steps)
+    if args.memory:
+        result["memory"] = memory(args.memory_params, args.memory_bands, 2 * args.memory_bands)
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -329,6 +381,8 @@ def main() -> int:
               r["noise_state_vectors"], r["noise_state_bytes"] / 2**20] for r in result["cost"]],
             title="step cost (median, interleaved) and noise state",
         ))  # fmt: skip
+    for r in result.get("memory", []):
+        print("memory", json.dumps(r))
     print(f"load average at start: {result['load_average']}")
     return 0
 
