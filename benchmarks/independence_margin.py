@@ -132,14 +132,45 @@ def run_bf16(epochs: int) -> None:
             opt.step()
 
 
+def run_sensitivity() -> None:
+    """How weak a mix is still refused: ``h + eps * h.sum(0)`` in a float32 MLP, 10 seeds."""
+    from torch import nn
+
+    from renyi.dpsgd.clipping import ClippedGradientEngine
+    from renyi.dpsgd.independence import ExampleMixingError
+
+    class WeakMix(nn.Module):
+        def __init__(self, eps: float) -> None:
+            super().__init__()
+            self.a, self.b, self.eps = nn.Linear(4, 8), nn.Linear(8, 3), eps
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.tanh(self.a(x))
+            return self.b(h + self.eps * h.sum(0, keepdim=True))
+
+    for eps in (1e-3, 1e-4, 1e-5, 1e-6, 1e-7):
+        caught = 0
+        for seed in range(10):
+            torch.manual_seed(seed)
+            engine = ClippedGradientEngine(WeakMix(eps), nn.CrossEntropyLoss(), max_grad_norm=1)
+            try:
+                engine.clipped_grad_sum(torch.randn(6, 4), torch.randint(0, 3, (6,)))
+            except ExampleMixingError:
+                caught += 1
+        print(json.dumps({"mix": eps, "refused_of_10": caught}))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", choices=["fmnist", "lstm", "transformer", "bf16"])
+    parser.add_argument("run", choices=["fmnist", "lstm", "transformer", "bf16", "sensitivity"])
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--strict", action="store_true")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
+    if args.run == "sensitivity":
+        run_sensitivity()
+        return
     _spy()
     if args.strict:
         _strict()

@@ -226,8 +226,8 @@ def test_dropout_and_running_buffers_pass_and_the_check_leaves_no_trace() -> Non
 
 def test_check_schedule_stays_within_its_budget_above_its_floor() -> None:
     # a check costing a fifth of a step: the 2 % budget allows p = 0.1 of the batches, above
-    # the floor; a check costing 10 steps: the floor min_rate = 0.05 rules (0.5 of the time)
-    for cost, rate in ((0.2, 0.1), (10.0, 0.05)):
+    # the floor; a check costing 10 steps: the floor min_rate = 0.02 rules (0.2 of the time)
+    for cost, rate in ((0.2, 0.1), (10.0, 0.02)):
         sched = CheckSchedule(first=2, budget=0.02, seed=0)
         checks = 0
         for _ in range(20000):
@@ -243,6 +243,7 @@ def test_late_mixing_releases_are_bounded_by_the_schedule_and_zero_in_strict_mod
     before the 2 % check caught it). The floor gives P(N >= t) <= 0.95^t: N < 90 with
     probability 99 %; in 2000 simulated runs (fixed seed) the mean is near 19 = 0.95 / 0.05,
     and strict mode releases none."""
+    assert CheckSchedule().releases_bound(0.99) == 228  # the default floor, 0.02
     sched = CheckSchedule(min_rate=0.05, seed=1)
     assert sched.releases_bound(0.99) == 90
     assert CheckSchedule(strict=True).releases_bound(0.99) == 0

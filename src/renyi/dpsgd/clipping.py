@@ -238,7 +238,7 @@ class ClippedGradientEngine:
     **Independence check** (``self_check=True``, default; ``"strict"``: every batch;
     layer-wise modes): per-example gradients read off a batched forward pass are right only if
     no operation mixes the examples of the batch. :func:`renyi.dpsgd.independence.run_check`
-    compares, on the first two batches and then on randomly chosen ones (at least 5 % of them,
+    compares, on the first two batches and then on randomly chosen ones (at least 2 % of them,
     more within ``check_budget`` of the engine's time), the engine's per-example gradients
     of a few examples with each example run on its own through the model's own forward and
     autograd (random draws replayed, a round-off bound derived from the computation, a
