@@ -160,16 +160,88 @@ def run_sensitivity() -> None:
         print(json.dumps({"mix": eps, "refused_of_10": caught}))
 
 
+def run_cost(rounds: int = 10) -> None:
+    """What one check costs, in steps: the Fashion-MNIST CNN (batch 256, the engine's step)
+    and the LSTM example (batch 64, a full PrivacyEngine step); check off vs every batch
+    checked, interleaved, medians."""
+    import statistics
+
+    from torch import nn
+
+    from renyi.cli.train import build_model
+    from renyi.dpsgd import PrivacyEngine
+    from renyi.dpsgd.clipping import ClippedGradientEngine
+
+    torch.manual_seed(0)
+    cnn = build_model("fashion-mnist", "cnn")
+    x, y = torch.randn(256, 1, 28, 28), torch.randint(0, 10, (256,))
+    engines = {
+        c: ClippedGradientEngine(cnn, nn.CrossEntropyLoss(), max_grad_norm=1.0, self_check=c)
+        for c in (False, "strict")
+    }
+    times: dict[Any, list[float]] = {c: [] for c in engines}
+    for _ in range(rounds):
+        for c, engine in engines.items():
+            start = time.perf_counter()
+            engine.clipped_grad_sum(x, y)
+            times[c].append(time.perf_counter() - start)
+    med = {c: statistics.median(v) for c, v in times.items()}
+    print(
+        json.dumps(
+            {
+                "model": "fmnist cnn, batch 256, engine step",
+                "check_in_steps": (med["strict"] - med[False]) / med[False],
+            }
+        )
+    )
+
+    lstm = _example("lstm_digits")
+    data = torch.utils.data.TensorDataset(torch.randn(640, 1, 8, 8), torch.randint(0, 10, (640,)))
+    runs = {}
+    for c in (False, "strict"):
+        torch.manual_seed(0)
+        model = lstm.RowLSTM()
+        runs[c] = PrivacyEngine(accountant="rdp").make_private(
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+            data_loader=torch.utils.data.DataLoader(data, batch_size=64),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            seed=0,
+            self_check=c,
+        )[:2]
+    x, y = torch.randn(64, 1, 8, 8), torch.randint(0, 10, (64,))
+    times = {c: [] for c in runs}
+    for _ in range(rounds):
+        for c, (model, opt) in runs.items():
+            start = time.perf_counter()
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            times[c].append(time.perf_counter() - start)
+    med = {c: statistics.median(v) for c, v in times.items()}
+    print(
+        json.dumps(
+            {
+                "model": "lstm example, batch 64, full PrivacyEngine step",
+                "check_in_steps": (med["strict"] - med[False]) / med[False],
+            }
+        )
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", choices=["fmnist", "lstm", "transformer", "bf16", "sensitivity"])
+    runs = ["fmnist", "lstm", "transformer", "bf16", "sensitivity", "cost"]
+    parser.add_argument("run", choices=runs)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--strict", action="store_true")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
-    if args.run == "sensitivity":
-        run_sensitivity()
+    if args.run in ("sensitivity", "cost"):
+        torch.set_num_threads(1)
+        run_sensitivity() if args.run == "sensitivity" else run_cost()
         return
     _spy()
     if args.strict:

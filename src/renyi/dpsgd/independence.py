@@ -923,9 +923,9 @@ class CheckSchedule:
     ``N`` of mixing batches whose updates are released before one is checked satisfies
     ``P(N >= t) <= (1 - min_rate)^t``, e.g. ``min_rate = 0.02`` gives ``N < 228`` with
     probability 99 % (mixing visible on the checked examples). ``strict`` gives ``N = 0``.
-    The floor costs ``min_rate`` checks per step: a check cost 0.24 of an engine step for the
-    Fashion-MNIST CNN at batch 256 and 1.75 full steps for the LSTM example at batch 64
-    (docs/dpsgd.md), so 0.5 % and 3.5 % of the training time.
+    The floor costs ``min_rate`` checks per step: a check cost 0.23 of an engine step for the
+    Fashion-MNIST CNN at batch 256 and 0.96 of a full step for the LSTM example at batch 64
+    (docs/dpsgd.md), so 0.5 % and 2 % of the training time.
 
     Example:
         >>> CheckSchedule().releases_bound(0.99)
