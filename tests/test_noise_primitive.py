@@ -196,6 +196,20 @@ def test_torch_and_numpy_kernels_release_the_same_bytes():
             np.testing.assert_array_equal(t.numpy(), ref)
 
 
+@pytest.mark.parametrize("kind", ["gaussian", "laplace"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_and_array_kernels_release_the_same_bytes(kind, dtype, monkeypatch):
+    """The numba pass (when installed) and the numpy/torch operations: the same bytes."""
+    pytest.importorskip("numba")
+    cn = noise.CounterNoise(bytes(range(32)))
+    x = (np.random.default_rng(1).normal(size=70_001) * 5).astype(dtype)
+    x[:8] = [0.0, -0.0, 1e-30, -1e-30, 0.0625, -0.0625, 3e38, -3e38]
+    fused = getattr(cn, kind)(x, 1.1, stream=6, step=9, offset=3)
+    monkeypatch.setattr(noise, "_USE_FUSED", False)
+    array = getattr(cn, kind)(x, 1.1, stream=6, step=9, offset=3)
+    assert fused.tobytes() == array.tobytes()
+
+
 def test_threaded_release_is_the_same_bytes():
     """Large CPU releases run chunks on torch's intra-op thread count: the same bytes."""
     torch = pytest.importorskip("torch")

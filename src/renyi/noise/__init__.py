@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from renyi._validation import check_int, check_nonnegative, fail
-from renyi.noise import _chacha, _exact, _kernel
+from renyi.noise import _chacha, _exact, _fused, _kernel
 from renyi.random import (
     RandomSource,
     _warn_insecure,
@@ -96,6 +96,7 @@ ROUNDING_SLACK = 0.0
 #: The number of released values that :func:`accounting_slack` covers for one accountant.
 MAX_ACCOUNTED_VALUES = 2**64
 
+_USE_FUSED = True  # the compiled pass when numba is installed (tests compare both)
 _SMALL = 1 << 12  # releases up to this size run numpy's kernels (less per-call overhead)
 _CHUNK_UNITS = 1 << 15  # units of random bits per float32 pass on the CPU (fits in L2)
 _DEVICE_CHUNK_UNITS = 1 << 22
@@ -217,11 +218,13 @@ class _CounterBits:
         self.step = step
         self._enc: Any = None
         self._next = -1
+        self._zeros = b""
+        self._buf = bytearray()
 
     def _nonce(self, level: int) -> bytes:
         return _chacha.make_nonce(self.domain + level, self.stream, self.step)
 
-    def main_bytes(self, first: int, count: int) -> bytes | bytearray:
+    def main_bytes(self, first: int, count: int) -> Any:
         """The main bytes of units ``[first, first + count)`` (CPU, OpenSSL when available)."""
         start = first * self.unit
         n = count * self.unit
@@ -235,10 +238,13 @@ class _CounterBits:
             self._enc = Cipher(algorithms.ChaCha20(self.key, nonce), mode=None).encryptor()
             if skip:
                 self._enc.update(bytes(skip))
-        buf = bytearray(n)
-        self._enc.update_into(buf, buf)
+        if len(self._zeros) < n:
+            self._zeros = bytes(n)
+            self._buf = bytearray(n)
+        buf = memoryview(self._buf)[:n]
+        self._enc.update_into(memoryview(self._zeros)[:n], buf)
         self._next = start + n
-        return buf
+        return buf  # valid until the next call: the caller copies it
 
     def main_bytes_at(self, first: int, count: int) -> bytes | bytearray:
         """:meth:`main_bytes` with a cipher context of its own (for worker threads)."""
@@ -311,6 +317,23 @@ class _SourceBits:
 
 
 # ------------------------------------------------------------------------- the release
+def _fusable(x: Any, cd: Any, out_dtype: Any, ops: _kernel.Ops, on_device: bool) -> bool:
+    """Whether the compiled float32 pass (numba) runs this CPU release: float32 in and out
+    with float32 arithmetic, or float64 in and out."""
+    if on_device or not _USE_FUSED or not _fused.available():
+        return False
+    if ops.torch:
+        t = ops.xp
+        return (x.dtype, cd, out_dtype) in (
+            (t.float32, t.float32, t.float32),
+            (t.float64, t.float64, t.float64),
+        )
+    return (x.dtype, cd, np.dtype(out_dtype)) in (
+        (np.dtype(np.float32), np.float32, np.dtype(np.float32)),
+        (np.dtype(np.float64), np.float64, np.dtype(np.float64)),
+    )
+
+
 def _threads(ops: _kernel.Ops) -> int:
     """Worker threads for a large CPU release: torch's intra-op thread count (which
     ``torch.set_num_threads`` and ``OMP_NUM_THREADS`` set), 1 without torch."""
@@ -410,11 +433,53 @@ def _release_flat_checked(
     if device_path is not None:
         on_device = device_path
     chunk = _DEVICE_CHUNK_UNITS if on_device else _CHUNK_UNITS
-    flagged: list[tuple[Any, Any, Any, Any]] = []
+    flagged: list[tuple[Any, ...]] = []
     inv_g = 1.0 / g
     wide_g = g < 1.0  # x / g can overflow only then (a public condition)
 
+    fused = _fusable(x, cd, out_dtype, ops, on_device)
+    x_np: Any = (x.numpy() if ops.torch else x) if fused else None
+    out_np: Any = (out.numpy() if ops.torch else out) if fused else None
+
+    def one_fused(u0: int, own_stream: bool) -> None:
+        k = min(chunk, last_unit - u0)
+        raw = bits.main_bytes_at(u0, k) if own_stream else bits.main_bytes(u0, k)
+        w = np.frombuffer(raw, dtype="<i8" if kind == "gaussian" else "<i4")
+        v0 = max(u0 * uv, offset)
+        v1 = min((u0 + k) * uv, offset + n)
+        lead = v0 - u0 * uv
+        xs = x_np[v0 - offset : v1 - offset]
+        full = not lead and v1 == (u0 + k) * uv
+        if not full:  # a pair cut by the range: pad it (edges only)
+            pad = np.zeros(k * uv, dtype=xs.dtype)
+            pad[lead : lead + (v1 - v0)] = xs
+            xs = pad
+        res = out_np[v0 - offset : v1 - offset] if full else np.empty(k * uv, out_np.dtype)
+        flag = np.empty(k * uv, dtype=np.uint8)
+        run = _fused.gaussian_chunk if kind == "gaussian" else _fused.laplace_chunk
+        run(w, xs, g, s, float(thr), big, res, flag)
+        if not full:
+            out_np[v0 - offset : v1 - offset] = res[lead : lead + (v1 - v0)]
+        idx = np.flatnonzero(flag[lead : lead + (v1 - v0)])
+        if len(idx):
+            units = (idx + lead) // uv
+            ww = w[units].astype(np.int64)
+            parts: tuple[Any, ...] = (
+                idx + (v0 - offset),
+                ww,
+                ww >> 32 if kind == "gaussian" else None,
+                (idx + v0) % uv,
+            )
+            if ops.torch:
+                parts = tuple(
+                    None if a is None else ops.xp.from_numpy(np.ascontiguousarray(a)) for a in parts
+                )
+            flagged.append(parts)
+
     def one(u0: int, own_stream: bool) -> None:
+        if fused:
+            one_fused(u0, own_stream)
+            return
         k = min(chunk, last_unit - u0)
         if own_stream:  # a worker thread: its own cipher context, no shared state
             raw = bits.main_bytes_at(u0, k)
@@ -441,16 +506,15 @@ def _release_flat_checked(
         v += ops.to(f, ops.f32) if cd is not ops.f32 else f
         j = ops.rint(v)
         v -= j
-        ok = abs(v) <= thr
+        flag = abs(v) > thr  # NaN (a failed gate's draw) compares False: bad catches it
         res = _kernel.finish(xc, f, j, g, out_dtype, big, ops)
         out[v0 - offset : v1 - offset] = res[lead : lead + (v1 - v0)]
-        ok &= ~bad
-        ok = ok[lead : lead + (v1 - v0)]
+        flag |= bad
+        flag = flag[lead : lead + (v1 - v0)]
         if on_device:
-            idx = ops.xp.nonzero(~ok).reshape(-1)
+            idx = ops.xp.nonzero(flag).reshape(-1)
         else:
-            okn = ok.numpy() if ops.torch else ok
-            idx = np.flatnonzero(~okn)
+            idx = np.flatnonzero(flag.numpy() if ops.torch else flag)
             if ops.torch:
                 idx = ops.xp.from_numpy(idx)
         if len(idx):
@@ -568,8 +632,10 @@ def _check_value(value: Any) -> tuple[str, Any]:
     if torch is not None and isinstance(value, torch.Tensor):
         if value.is_complex() or value.dtype == torch.bool:
             raise fail("value", value.dtype, "a real-valued tensor")
-        if value.numel() and not bool(torch.isfinite(value).all()):
-            raise fail("value", "a non-finite entry", "finite values (NaN/inf are refused)")
+        if value.numel():
+            lo, hi = torch.aminmax(value.detach().reshape(-1))  # NaN propagates; 10x isfinite
+            if not (math.isfinite(float(lo)) and math.isfinite(float(hi))):
+                raise fail("value", "a non-finite entry", "finite values (NaN/inf are refused)")
         return "torch", value
     if isinstance(value, bool | np.bool_ | str | bytes):
         raise fail("value", value, "a finite real number, array or tensor")
@@ -691,7 +757,6 @@ def gaussian(
     (dtype('float32'), True)
     """
     s = _check_scale("sigma", sigma)
-    _check_value(value)
     return _release("gaussian", value, s, _fresh_bits("gaussian", rng, allow_predictable_noise))
 
 
@@ -707,7 +772,6 @@ def laplace(
     0.0
     """
     s = _check_scale("scale", scale)
-    _check_value(value)
     return _release("laplace", value, s, _fresh_bits("laplace", rng, allow_predictable_noise))
 
 
