@@ -648,6 +648,28 @@ def test_batch_statistics_in_plain_code_are_refused_naming_the_place(
     assert "optimizer and the accountant are as they were" in text
 
 
+def test_a_forward_that_permutes_the_batch_gets_our_error_not_a_raw_one() -> None:
+    class Shuffle(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 3)
+
+        def forward(self, x: Tensor) -> Tensor:
+            h = self.a(x)
+            return self.b(h[torch.randperm(h.shape[0])])  # example i gets another's row
+
+    # a check passes when the permutation happens to fix both checked examples (1/6): every
+    # batch is checked, so ten in a row pass with probability 6e-8 (seeded anyway)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        engine = ClippedGradientEngine(
+            Shuffle(), nn.CrossEntropyLoss(), max_grad_norm=1.0, self_check="strict"
+        )
+        with pytest.raises(UnsupportedModelError, match="vmap"):
+            for _ in range(10):
+                engine.clipped_grad_sum(torch.randn(6, 4), torch.randint(0, 3, (6,)))
+
+
 # ---------------------------------------------------------------- honest float32 round-off
 
 

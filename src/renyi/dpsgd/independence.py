@@ -81,6 +81,7 @@ from renyi._validation import check_positive, fail
 from renyi.dpsgd.grad_sample import UnsupportedModelError, per_example_losses
 from renyi.dpsgd.layout import BatchLayout, example_block, input_batch_dim
 from renyi.dpsgd.replay import RandomTape, ReplayError, flat_tensors
+from renyi.errors import RenyiError
 
 if TYPE_CHECKING:  # pragma: no cover
     from renyi.dpsgd.clipping import ClippedGradientEngine
@@ -630,7 +631,9 @@ def run_check(engine: ClippedGradientEngine, inputs: Any, targets: Tensor, batch
     """
     try:
         _run_check(engine, inputs, targets, batch)
-    except ReplayError as err:
+    except RenyiError as err:
+        if not isinstance(err, ReplayError):
+            raise
         raise UnsupportedModelError(
             f"the independence check cannot replay the model's random numbers: {err}. It "
             "compares each example's gradient with the same example run on its own, with the "
@@ -638,6 +641,15 @@ def run_check(engine: ClippedGradientEngine, inputs: Any, targets: Tensor, batch
             "batch dimension of each draw. Train with grad_sample_mode='vmap' (mode='vmap'), "
             f"which runs every example on its own and needs no check. {RESUMABLE}"
         ) from None
+    except (RuntimeError, ValueError, IndexError, TypeError) as err:
+        raise UnsupportedModelError(
+            f"the independence check could not run the model on {K_BATCH} examples of the "
+            f"batch, or on {M_COPIES} copies of one of them: {type(err).__name__}: {err}. A "
+            "forward that works only for some batch sizes, or that indexes across the batch "
+            "(a permutation of the examples, a gather by batch position), depends on the other "
+            "examples; train with grad_sample_mode='vmap' (mode='vmap') to run every example "
+            f"on its own. {RESUMABLE}"
+        ) from err
 
 
 def _run_check(engine: ClippedGradientEngine, inputs: Any, targets: Tensor, batch: int) -> None:
