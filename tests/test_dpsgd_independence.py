@@ -809,3 +809,45 @@ def test_a_refused_step_leaves_a_state_that_resumes_as_if_it_never_happened() ->
     params_b, eps_b = run(fail=True)
     assert eps_a == eps_b
     assert all(torch.equal(a, b) for a, b in zip(params_a, params_b, strict=True))
+
+
+@pytest.mark.slow  # ~12 s, mostly importing transformers; the fast dropout tests cover the rest
+def test_hugging_face_model_with_dropout_trains_in_strict_mode() -> None:
+    """BERT with hidden and attention dropout 0.1 through PrivacyEngine and loss.backward():
+    every batch checked with the dropout masks replayed (before: refused as mixing)."""
+    transformers = pytest.importorskip("transformers")
+    from renyi.dpsgd import PrivacyEngine
+
+    cfg = transformers.BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        num_labels=3,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+    )
+    torch.manual_seed(20)
+    model = transformers.BertForSequenceClassification(cfg).train()
+    data = torch.utils.data.TensorDataset(
+        torch.randint(1, 50, (24, 10)), torch.randint(0, 3, (24,))
+    )
+    model, opt, loader = PrivacyEngine(accountant="rdp").make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=torch.utils.data.DataLoader(data, batch_size=8),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        seed=0,
+        self_check="strict",
+    )
+    for x, y in loader:
+        opt.zero_grad()
+        positions = torch.arange(x.shape[1]).expand(x.shape[0], -1)  # per example
+        out = model(input_ids=x, position_ids=positions)
+        nn.functional.cross_entropy(out.logits, y).backward()
+        opt.step()
+    stats = opt.capture.capture.engine.check_stats
+    assert opt.steps_taken == len(loader) and stats.checks >= 1 and stats.rechecks == 0
