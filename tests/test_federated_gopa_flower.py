@@ -3,9 +3,10 @@ on loopback (renyi.federated.flower_node), started and stopped by each test.
 
 A K = 5 deployment costs about 16 s of CPU (SuperLink, its SuperExec and ServerApp,
 ``flwr run`` and five node processes: one per party for its whole life, where Flower's
-``flower-supernode`` started a ClientApp process per message, ~38 processes). Two run by
-default (a party killed mid-protocol; a ServerApp shipping its own ClientApp); the others
-are ``slow``.
+``flower-supernode`` started a ClientApp process per message, ~38 processes). One runs by
+default (a ServerApp shipping its own ClientApp); the others are ``slow`` (a killed party
+on a real deployment runs by default in tests/test_federated_secagg_flower.py, with the
+double-masked protocol).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def _alive(pgids: set[int]) -> list[int]:
     return out
 
 
+@pytest.mark.slow
 def test_deployment_survives_a_killed_party_exactly() -> None:
     """K = 5 nodes; one is killed (SIGKILL, whole process group) right after pairing.
 

@@ -180,12 +180,20 @@ class _GridRelay:
             with self.status.open("a") as f:
                 f.write(line + "\n")
 
-    def wait_for_nodes(self, count: int) -> list[int]:
-        end = time.monotonic() + self.timeout
+    def wait_for_nodes(self, count: int, minimum: int) -> list[int]:
+        """``count`` nodes, or at least ``minimum`` once no node joined for ``grace`` s,
+        or whatever is there after ``timeout``."""
+        now = time.monotonic()
+        end, seen, changed = now + self.timeout, -1, now
         wait = 0.005
         while True:
             nodes = sorted(int(n) for n in self.grid.get_node_ids())
-            if len(nodes) >= count or time.monotonic() > end:
+            now = time.monotonic()
+            if len(nodes) != seen:
+                seen, changed = len(nodes), now
+            if len(nodes) >= count or now > end:
+                return nodes
+            if len(nodes) >= minimum and now > changed + self.grace:
                 return nodes
             time.sleep(wait)
             wait = min(0.1, wait * 1.5)
@@ -255,6 +263,7 @@ def relay_over_grid(
     protocol: str,
     session: bytes,
     expected_nodes: int,
+    min_nodes: int | None = None,
     timeout: float = 120.0,
     grace: float = 5.0,
     max_poll: float = 0.05,
@@ -263,7 +272,8 @@ def relay_over_grid(
     """Run ``driver`` over ``grid`` (module docstring); returns its outcome and the relay's
     counters (bytes are counted per party name once bound, else per node id).
 
-    Waits up to ``timeout`` for ``expected_nodes`` nodes (then goes on with those present).
+    Waits up to ``timeout`` for ``expected_nodes`` nodes, or goes on with at least
+    ``min_nodes`` (default: all expected) once no new node appeared for ``grace`` seconds.
     ``status_file`` gets a line per step (``nodes N``, ``<phase> <replies>``, then the
     outcome's status) as it happens.
     """
@@ -276,7 +286,10 @@ def relay_over_grid(
     relay = _GridRelay(
         grid, protocol, session, timeout=timeout, grace=grace, max_poll=max_poll, status=status_file
     )
-    nodes = relay.wait_for_nodes(expected_nodes)
+    nodes = relay.wait_for_nodes(
+        expected_nodes,
+        expected_nodes if min_nodes is None else check_int("min_nodes", min_nodes, 1),
+    )
     relay.log(f"nodes {len(nodes)}")
     phase, opening = driver.opening()
     got = relay.exchange(phase, dict.fromkeys(nodes, opening), True, {})
