@@ -16,11 +16,18 @@ For each K in ``--parties``:
    wall time including Ray's start;
 4. the error of the estimate: GOPA's calibrated standard deviation (ρ = 1/2, ε = 1,
    δ = 1e-5, analytic Gaussian; Monte Carlo check), central and local DP at the same
-   (ε, δ), and each run's |estimate - true mean| in units of the central-DP std.
+   (ε, δ), and each run's |estimate - true mean| in units of the central-DP std;
+5. for K in ``--secagg``: one session of double-masked GOPA (``renyi.federated.secagg``, the
+   protocol a malicious server cannot break) with parties pinned to its parameters:
+   σ_η = 2, σ_Δ = 10, a Harary graph of ``--secagg-peers`` (6 at K = 10, 8 at K = 100),
+   threshold ``t`` = the smallest safe one for c = 1, at least half the parties + 1 must
+   survive; on a deployment for K <= 20, on the simulation engine above. Its error is
+   compared with central DP at the worst-case ε the parties verify (std 1/(K μ)).
 
 This is a script, not a test: nothing is asserted. Load average is printed with each row.
 
     .venv/bin/python benchmarks/gopa.py                    # K = 10, 100; deploy 10, simulate 100
+    .venv/bin/python benchmarks/gopa.py --secagg 10 100     # and double-masked GOPA
     .venv/bin/python benchmarks/gopa.py --parties 10 --deployed 10 --simulated --json
 """
 
@@ -141,6 +148,54 @@ def simulated(k: int) -> dict[str, object]:
     return _row(res, values, cal.central_std)  # type: ignore[attr-defined]
 
 
+def secagg(k: int) -> dict[str, object]:
+    from renyi.analysis.closed_forms import gaussian_epsilon
+    from renyi.federated.secagg import PartyPolicy
+    from renyi.federated.secagg_accounting import threshold_is_safe, worst_case_mu
+    from renyi.federated.secagg_flower import run_secagg_deployment, run_secagg_simulation
+
+    se, sd, c = 2.0, 10.0, 1
+    peers = min(6 if k <= 20 else 8, k - 1)
+    t = next(t for t in range(1, peers + 1) if threshold_is_safe(t, peers, c))
+    survivors = (k + c) // 2 + 1
+    mu = worst_case_mu(se, sd, t, c)
+    eps = gaussian_epsilon(mu, DELTA)
+    policy = PartyPolicy(
+        epsilon=eps * 1.001, delta=DELTA, min_sigma_eta=se, min_cohort=survivors,
+        min_peers=peers, max_corrupt=c,
+    )  # fmt: skip
+    cfg = {
+        "sigma-eta": se, "sigma-delta": sd, "peers": peers, "threshold": t,
+        "min-survivors": survivors,
+    }  # fmt: skip
+    values = _values(k)
+    if k <= 20:
+        (res,) = run_secagg_deployment(
+            values.tolist(), policy, [cfg], budget_epsilon=10 * eps, budget_delta=DELTA,
+            timeout=1200,
+        )  # fmt: skip
+    else:
+        res = run_secagg_simulation(
+            values.tolist(), policy, cfg, budget_epsilon=10 * eps, budget_delta=DELTA
+        )
+    (s,) = res.sessions
+    central = 1.0 / (k * mu)
+    est = s.get("estimate")
+    return {
+        "status": s.get("status"),
+        "where": "deployed" if k <= 20 else "simulation engine",
+        "seconds": res.wall_seconds,
+        "bytes_per_party": res.bytes_per_party,
+        "peers": peers,
+        "threshold": t,
+        "worst_case_epsilon": eps,
+        "std": se / np.sqrt(k),
+        "central_std_same_epsilon": central,
+        "error_over_central_std": abs(est - values.mean()) / central if est is not None else None,
+        "load_average": os.getloadavg()[0],
+    }
+
+
 def errors(k: int, trials: int) -> dict[str, float]:
     cal = calibrate_gopa(k, RHO, EPS, DELTA, calibration="analytic")
     return {
@@ -167,6 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--parties", type=int, nargs="+", default=[10, 100])
     ap.add_argument("--deployed", type=int, nargs="*", default=[10])
     ap.add_argument("--simulated", type=int, nargs="*", default=[100])
+    ap.add_argument("--secagg", type=int, nargs="*", default=[])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--trials", type=int, default=2000)
     ap.add_argument("--json", action="store_true")
@@ -181,6 +237,8 @@ def main(argv: list[str] | None = None) -> None:
             row["deployed"] = deployed(k, "renyi")
         if k in args.simulated:
             row["simulated"] = simulated(k)
+        if k in args.secagg:
+            row["secagg"] = secagg(k)
         rows.append(row)
         if not args.json:
             ip, er = row["in_process"], row["errors"]
@@ -192,6 +250,15 @@ def main(argv: list[str] | None = None) -> None:
                 f"{er['local_std']:.4g} (GOPA/central {er['gopa_std'] / er['central_std']:.3f},"
                 f" local/central {er['local_std'] / er['central_std']:.2f})"
             ]
+            sa = row.get("secagg")
+            if isinstance(sa, dict):
+                parts.append(
+                    f"double-masked ({sa['where']}, {sa['peers']} peers, t={sa['threshold']}): "
+                    f"{sa['status']} {sa['seconds']:.1f} s, {sa['bytes_per_party']:.0f} B/party,"
+                    f" worst-case eps {sa['worst_case_epsilon']:.3f}, std {sa['std']:.4g} vs"
+                    f" central {sa['central_std_same_epsilon']:.4g} at that eps (load"
+                    f" {sa['load_average']:.1f})"
+                )
             for key, name in (
                 ("deployed", "deployed (renyi nodes):"),
                 ("simulated", "simulation engine:"),

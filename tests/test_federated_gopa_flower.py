@@ -154,10 +154,13 @@ _THIEF = textwrap.dedent(
         end = time.monotonic() + 60
         while len(list(grid.get_node_ids())) < {k} and time.monotonic() < end:
             time.sleep(0.05)
-        head = {{"protocol": "renyi-gopa", "session": b"s" * 16, "phase": "join", "opening": True}}
+        head = {{
+            "relay.protocol": "renyi-gopa", "relay.session": b"s" * 16, "relay.phase": "join",
+            "relay.opening": True,
+        }}
         msgs = [
             Message(
-                RecordDict({{"relay": ConfigRecord(head), "payload": ConfigRecord({{}})}}),
+                RecordDict({{"renyi-relay": ConfigRecord(head)}}),
                 dst_node_id=n,
                 message_type=MessageType.QUERY,
             )
@@ -172,8 +175,8 @@ _THIEF = textwrap.dedent(
                     c = r.content
                     if "loot" in c:
                         rec["loot"] = {{"value": c["loot"]["value"], "key": c["loot"]["key"].hex()}}
-                    if "payload" in c:
-                        rec["payload"] = dict(c["payload"])
+                    if "renyi-relay" in c and "abort" in c["renyi-relay"]:
+                        rec["payload"] = {{"abort": c["renyi-relay"]["abort"]}}
                 out.append(rec)
             time.sleep(0.05)
         Path(cfg["result-file"]).write_text(json.dumps(out))
@@ -244,12 +247,13 @@ _RELAY = textwrap.dedent(
         def push_messages(self, messages):
             messages = list(messages)
             for m in messages:
-                head, cfg = m.content["relay"], m.content["payload"]
-                if head["phase"] == "pair":
+                cfg = m.content["renyi-relay"]
+                if cfg["relay.phase"] == "pair" and "party-001" in list(cfg["names"]):
                     names = list(cfg["names"])
                     i = names.index("party-001")
                     mallory = IdentityKey("party-001")
-                    fake = EphemeralSession(mallory, Roster.of([mallory]), bytes(head["session"]))
+                    session = bytes(cfg["relay.session"])
+                    fake = EphemeralSession(mallory, Roster.of([mallory]), session)
                     adverts = list(cfg["adverts"])
                     adverts[i] = fake.advertisement().to_bytes()
                     cfg["adverts"] = adverts

@@ -188,17 +188,17 @@ def test_deployment_refuses_an_unsafe_threshold() -> None:
 @pytest.mark.slow
 def test_deployment_200_sessions_stopped_by_the_parties_budgets() -> None:
     """Row 6 (200 runs, every party answered every run): the server asks for 200 sessions in
-    one Flower run and, on the same nodes, 200 more in a second run; each party charges
-    every session to its own ledger before masking and refuses once it is spent. Budget
-    (eps 3, delta 1e-5) against sessions of eps ~1.1: a few sessions, never 400."""
+    one Flower run and, on the same nodes, 3 more in a second run; each party charges every
+    session to its own ledger before masking and refuses once it is spent. Budget (eps 3,
+    delta 1e-5) against sessions of eps ~1.1: a few sessions, never 200."""
     first, second = run_secagg_deployment(
         VALUES,
         POLICY,
-        [{**HONEST, "sessions": 200}, {**HONEST, "sessions": 200}],
+        [{**HONEST, "sessions": 200}, {**HONEST, "sessions": 3}],
         budget_epsilon=3.0,
         budget_delta=1e-5,
         ledgers=True,
-        timeout=600,
+        timeout=3000,  # a refused session took 3.1 s at load 12 (docs/flower.md)
     )
     assert 1 <= first.released < 10
     assert second.released == 0

@@ -102,7 +102,7 @@ class _Grid:
             m.metadata.__dict__["_message_id"] = m.object_id
             ids.append(m.object_id)
             node = m.metadata.dst_node_id
-            if self.kill and (node, m.content["relay"]["phase"]) == self.kill[:2]:
+            if self.kill and (node, m.content["renyi-relay"]["relay.phase"]) == self.kill[:2]:
                 self.count += 1
                 if self.count == self.kill[2]:
                     self.down.add(node)

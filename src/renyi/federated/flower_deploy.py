@@ -271,8 +271,20 @@ class LocalDeployment:
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
             tail = (exc.stderr or b"")[-500:].decode(errors="replace") if exc.stderr else ""
             raise DeploymentError(f"'flwr run' failed ({exc}); {tail}") from None
-        seen = 0
+        seen, serverapp_seen, check_at = 0, False, 0.0
         while True:
+            if time.monotonic() > check_at:  # a ServerApp that died without a result
+                check_at = time.monotonic() + 1.0
+                alive = self._serverapp_running()
+                if alive:
+                    serverapp_seen = True
+                elif serverapp_seen and not result.exists():
+                    time.sleep(0.5)
+                    if not result.exists():
+                        raise DeploymentError(
+                            "the ServerApp exited without writing its result; SuperLink log"
+                            f" tail: {self._log_tail('superlink.log')}"
+                        )
             if status.exists() and on_status is not None:
                 lines = status.read_text().splitlines()
                 for line in lines[seen:]:
@@ -285,6 +297,29 @@ class LocalDeployment:
             if time.monotonic() > started + timeout:
                 raise DeploymentError(f"no result from the ServerApp within {timeout} s")
             time.sleep(0.02)
+
+    def _log_tail(self, name: str, chars: int = 800) -> str:
+        try:
+            return (self.workdir / name).read_bytes()[-chars:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _serverapp_running(self) -> bool:
+        """Whether a ``flwr-serverapp`` process is alive in the SuperLink's process group."""
+        if self.superlink is None or not Path("/proc").is_dir():
+            return True  # unknown: rely on the timeout
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) != self.superlink.pid or fields[0] == "Z":
+                    continue
+                if b"flwr-serverapp" in (d / "cmdline").read_bytes():
+                    return True
+            except (OSError, IndexError, ValueError):
+                continue
+        return False
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU time (user + system, with reaped children) used so far by the SuperLink's

@@ -2,8 +2,10 @@
 
 Party side: :func:`relay_client_app` turns a factory of
 :class:`~renyi.federated.relay.PartyEndpoint` into a Flower ``ClientApp``. Every relayed
-message is a Flower ``query`` whose content holds two records, ``"relay"`` (protocol name,
-session id, phase) and ``"payload"``; the reply has the same shape. The opening message of a
+message is a Flower ``query`` whose content is one ``ConfigRecord`` (:func:`pack`): the
+header (protocol name, session id, phase) under keys starting with ``relay.``, the payload
+under its own keys (one record: each record is one more object for Flower to push and pull
+over HTTP); the reply has the same shape. The opening message of a
 session builds the party (``factory(node_config, payload)``: the party's secrets and pinned
 settings come from its own node config, never from the server); later messages of that
 session go to the same live object, which exists only in the node's memory. So the party
@@ -38,7 +40,7 @@ from typing import Any
 try:
     from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
     from flwr.clientapp import ClientApp
-    from flwr.serverapp import Grid
+    from flwr.serverapp import Grid, ServerApp
 except ImportError as exc:  # pragma: no cover - exercised only without flwr
     raise ImportError(
         "renyi.federated.flower_relay needs Flower: pip install 'renyi[flower]'"
@@ -75,9 +77,29 @@ def _fast_grid_pulls(first: float, cap: float) -> None:
         http_grid.pull_objects = partial(pull_objects, initial_backoff=first, backoff_cap=cap)
 
 
-def _plain(record: Any) -> dict[str, Any]:
-    """A ConfigRecord as a dict of plain Python values (lists copied)."""
-    return {k: list(v) if isinstance(v, list) else v for k, v in record.items()}
+RECORD = "renyi-relay"
+_HEAD = "relay."
+
+
+def pack(head: Mapping[str, Any], payload: Mapping[str, Any]) -> RecordDict:
+    """One relayed message's content: ``head`` under ``relay.`` keys, then ``payload``."""
+    if bad := [k for k in payload if k.startswith(_HEAD)]:
+        raise fail("payload", bad[:3], f"keys not starting with {_HEAD!r} (the relay's own)")
+    rec = {**{_HEAD + k: v for k, v in head.items()}, **payload}
+    return RecordDict({RECORD: ConfigRecord(rec)})  # type: ignore[arg-type]
+
+
+def unpack(content: RecordDict) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(head, payload)`` of a relayed message (plain Python values, lists copied)."""
+    head: dict[str, Any] = {}
+    payload: dict[str, Any] = {}
+    for k, v in content[RECORD].items():
+        value = list(v) if isinstance(v, list) else v
+        if k.startswith(_HEAD):
+            head[k[len(_HEAD) :]] = value
+        else:
+            payload[k] = value
+    return head, payload
 
 
 def _serve_message(
@@ -88,8 +110,7 @@ def _serve_message(
     head: dict[str, Any] = {}
     key: tuple[int, int, str, bytes] | None = None
     try:
-        head = _plain(msg.content["relay"])
-        payload = _plain(msg.content["payload"])
+        head, payload = unpack(msg.content)
         if head.get("protocol") != protocol:
             raise fail("protocol", head.get("protocol"), f"{protocol!r} (this node's party)")
         session, phase = bytes(head["session"]), str(head["phase"])
@@ -115,8 +136,12 @@ def _serve_message(
         if key is not None:
             _LIVE.pop(key, None)
         out = {"abort": f"{type(exc).__name__}: {exc}"}
-    relay = ConfigRecord({k: head[k] for k in ("session", "phase") if k in head})
-    return Message(RecordDict({"relay": relay, "payload": ConfigRecord(out)}), reply_to=msg)
+    reply_head: dict[str, Any] = {k: head[k] for k in ("session", "phase") if k in head}
+    try:
+        content = pack(reply_head, out)
+    except ValueError as exc:
+        content = pack(reply_head, {"abort": f"{type(exc).__name__}: {exc}"})
+    return Message(content, reply_to=msg)
 
 
 def relay_client_app(protocol: str, factory: PartyFactory, *, max_sessions: int = 4) -> ClientApp:
@@ -213,9 +238,7 @@ class _GridRelay:
             self.stats.add(self.stats.bytes_sent, names.get(node, str(node)), payload)
             msgs.append(
                 Message(
-                    RecordDict(
-                        {"relay": ConfigRecord(head), "payload": ConfigRecord(dict(payload))}  # type: ignore[arg-type]
-                    ),
+                    pack(head, payload),
                     dst_node_id=node,
                     message_type=MessageType.QUERY,
                 )
@@ -241,12 +264,14 @@ class _GridRelay:
                 pending.discard(mid)
                 last = time.monotonic()
                 node = owner[mid]
-                if reply.has_error() or "payload" not in reply.content:
+                if reply.has_error() or RECORD not in reply.content:
                     continue
-                head = _plain(reply.content["relay"]) if "relay" in reply.content else {}
+                try:
+                    head, payload = unpack(reply.content)
+                except (KeyError, TypeError):
+                    continue
                 if head.get("session") != self.session or head.get("phase") != phase:
                     continue  # a reply to some other message: ignored
-                payload = _plain(reply.content["payload"])
                 self.stats.add(self.stats.bytes_received, names.get(node, str(node)), payload)
                 replies[node] = payload
             if pending:
@@ -324,3 +349,35 @@ def relay_over_grid(
         got = relay.exchange(step.phase, contents, False, names)
         replies = {names[n]: r for n, r in got.items()}
         relay.log(f"{step.phase} {len(replies)}")
+
+
+def simulate(
+    server_main: Callable[[Grid], dict[str, Any]], client_app: ClientApp, nodes: int
+) -> dict[str, Any]:
+    """``server_main(grid)`` as the ServerApp of Flower's simulation engine, ``nodes``
+    nodes running ``client_app``; returns what ``server_main`` returned (``{}`` if it
+    did not finish). One Ray worker (``num_cpus`` 1 of 1): a relayed party lives in its
+    worker's memory, so with several workers a party meeting a message on another worker
+    would refuse. Each node's ``node_config`` is ``{"partition-id": i, ...}``: map it to the
+    party's own config in the endpoint factory. ``run_simulation`` is deprecated in flwr 1.42.
+    """
+    from flwr.simulation import run_simulation
+
+    check_int("nodes", nodes, 1)
+    out: dict[str, Any] = {}
+    app = ServerApp()
+
+    @app.main()
+    def _main(grid: Grid, context: Context) -> None:
+        out.update(server_main(grid))
+
+    run_simulation(
+        server_app=app,
+        client_app=client_app,
+        num_supernodes=nodes,
+        backend_config={
+            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            "init_args": {"num_cpus": 1, "num_gpus": 0, "include_dashboard": False},
+        },
+    )
+    return out

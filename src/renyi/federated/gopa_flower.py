@@ -50,6 +50,7 @@ import subprocess
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -513,6 +514,12 @@ def run_local_deployment(
     )
 
 
+def _party_by_partition(
+    configs: Sequence[Mapping[str, Any]], node: Mapping[str, Any], opening: Payload
+) -> GopaPartyEndpoint:
+    return GopaPartyEndpoint(configs[int(node["partition-id"])])
+
+
 def run_simulated_session(
     values: Sequence[float],
     *,
@@ -538,7 +545,7 @@ def run_simulated_session(
     import shutil
     import tempfile
 
-    from flwr.simulation import run_simulation
+    from renyi.federated.flower_relay import simulate
 
     vals = [float(v) for v in values]
     k = check_int("values", len(vals), 2)
@@ -549,40 +556,21 @@ def run_simulated_session(
     started = time.monotonic()
     try:
         _, roster_file, configs = deployment_files(tmp, vals, noise_keys=noise_keys)
-
-        def factory(node: Mapping[str, Any], opening: Payload) -> GopaPartyEndpoint:
-            return GopaPartyEndpoint(configs[int(node["partition-id"])])
-
-        out: dict[str, Any] = {}
-        app = ServerApp()
-
-        @app.main()
-        def _main(grid: Grid, context: Context) -> None:
-            out.update(
-                serve(
-                    grid,
-                    {
-                        "roster-file": str(roster_file),
-                        "peers": peers,
-                        "sigma-eta": float(sigma_eta),
-                        "sigma-delta": float(sigma_delta),
-                        "reveal-budget": reveal_budget,
-                        "session": sid.hex(),
-                        "timeout": float(timeout),
-                        "grace": float(grace),
-                        "notify": notify,
-                    },
-                )
-            )
-
-        run_simulation(
-            server_app=app,
-            client_app=relay_client_app(PROTOCOL, factory),
-            num_supernodes=k,
-            backend_config={
-                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                "init_args": {"num_cpus": 1, "num_gpus": 0, "include_dashboard": False},
-            },
+        cfg = {
+            "roster-file": str(roster_file),
+            "peers": peers,
+            "sigma-eta": float(sigma_eta),
+            "sigma-delta": float(sigma_delta),
+            "reveal-budget": reveal_budget,
+            "session": sid.hex(),
+            "timeout": float(timeout),
+            "grace": float(grace),
+            "notify": notify,
+        }
+        out = simulate(
+            lambda grid: serve(grid, cfg),
+            relay_client_app(PROTOCOL, partial(_party_by_partition, configs)),
+            k,
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -82,6 +82,7 @@ __all__ = [
     "node_config",
     "pinned_node_configs",
     "run_secagg_deployment",
+    "run_secagg_simulation",
     "serve",
     "server_app",
 ]
@@ -438,3 +439,51 @@ def run_secagg_deployment(
                 )
             )
     return out
+
+
+def _endpoint_by_partition(
+    configs: Sequence[Mapping[str, Any]], node: Mapping[str, Any], opening: Payload
+) -> SecAggEndpoint:
+    return SecAggEndpoint(configs[int(node["partition-id"])])
+
+
+def run_secagg_simulation(
+    values: Sequence[float],
+    policy: PartyPolicy,
+    run_config: Mapping[str, Any],
+    *,
+    budget_epsilon: float,
+    budget_delta: float,
+    timeout: float = 600.0,
+) -> SecAggRun:
+    """The sessions of ``run_config`` (as one entry of :func:`run_secagg_deployment`) on
+    Flower's simulation engine: the same endpoint, driver and relay, parties in one Ray
+    worker (:func:`renyi.federated.flower_relay.simulate`). For scale (K = 100)."""
+    import shutil
+    import tempfile
+    from functools import partial
+
+    from renyi.federated.flower_relay import simulate
+
+    k = check_int("values", len(values), 2)
+    tmp = Path(tempfile.mkdtemp(prefix="renyi-secagg-sim-"))
+    started = time.monotonic()
+    try:
+        roster_file, configs = pinned_node_configs(
+            tmp, values, policy, budget_epsilon=budget_epsilon, budget_delta=budget_delta
+        )
+        cfg = {"roster-file": str(roster_file), "timeout": float(timeout), **run_config}
+        raw = simulate(
+            lambda grid: serve(grid, cfg),
+            relay_client_app(PROTOCOL, partial(_endpoint_by_partition, configs)),
+            k,
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    sent, received = raw.get("bytes_sent", {}), raw.get("bytes_received", {})
+    return SecAggRun(
+        sessions=tuple(raw.get("sessions", [])),
+        wall_seconds=time.monotonic() - started,
+        bytes_per_party=(sum(sent.values()) + sum(received.values())) / k,
+        raw=raw,
+    )
