@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from renyi.cli.main import main
@@ -24,6 +25,7 @@ def test_mechanism_audit_passes_for_our_laplace(capsys):
         "histogram",
         "lowbits",
         "features",
+        "signzero",
     }
 
 
@@ -111,3 +113,144 @@ def test_release_path_targets_attack_the_installed_code(capsys, argv):
 def test_release_path_targets_refuse_planted_bug_options(capsys):
     assert main(["audit", "mechanism", "fedavg", "--bug", "half-noise"]) == 2
     assert "bug" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ issue 22, item 7
+# Audits at confidence 0.999 unless stated (false-alarm probability <= 1e-3, seeded).
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["gaussian", "--pair", "zero"],
+        ["laplace", "--pair", "midpoint"],
+        # failed before 819ffb4 (noise): 4.385 > 4.377 at sigma 1, the signzero attack
+        ["dpsgd-noise", "--pair", "zero", "--sigma", "4", "--trials", "20000"],
+        ["dpsgd-noise", "--pair", "midpoint"],
+    ],
+)
+def test_inputs_on_both_sides_of_zero_and_of_a_lattice_midpoint(capsys, argv):
+    trials = [] if "--trials" in argv else ["--trials", "40000"]
+    code, obj = run_json(
+        capsys,
+        ["audit", "mechanism", *argv, *trials, "--seed", "5", "--confidence", "0.999", "--json"],
+    )
+    assert obj["pair"] in ("zero", "midpoint")
+    assert code == 0 and obj["passed"] is True, obj["best_attack"]
+
+
+def test_gopa_sum_against_the_residue_attack(capsys):
+    """GOPA's sum, inputs 0 vs 0.01 around zero: no residue of the inputs survives (secagg's
+    fix of issue 22.2; before it, K * estimate mod g was the sum mod g: epsilon 6 from one
+    release). 640 releases, 3 parties."""
+    code, obj = run_json(
+        capsys,
+        [
+            "audit",
+            "mechanism",
+            "gopa",
+            "--k",
+            "3",
+            "--pair",
+            "zero",
+            "--trials",
+            "640",
+            "--seed",
+            "5",
+            "--confidence",
+            "0.999",
+            "--json",
+        ],
+    )
+    assert "residue" in {a["attack"] for a in obj["attacks"]}
+    assert code == 0 and obj["passed"] is True, obj["best_attack"]
+
+
+def test_the_sign_and_residue_attacks_catch_their_planted_leaks(capsys):
+    """A sum released as sum + g K keeps sum mod g: the residue attack reads it from 6400
+    releases; the sign-of-zero attack is tested on planted -0.0 in test_audit_blackbox."""
+    from renyi.audit.blackbox import audit_mechanism
+    from renyi.audit.paths import release_path
+    from renyi.noise import lattice_step
+
+    mech, _, _, claim, delta, _ = release_path("residue-sum", pair="zero")
+    r = audit_mechanism(
+        mech,
+        0.0,
+        0.01,
+        trials=6400,
+        claimed_epsilon=claim,
+        delta=delta,
+        confidence=0.999,
+        rng=np.random.default_rng(0),
+        residue=(1.0, lattice_step(1.0)),
+    )
+    residue = next(a for a in r.attacks if a.attack == "residue")
+    assert not r.passed and residue.epsilon > claim
+
+
+def test_mechanism_timing_is_rank_tested(capsys):
+    code, obj = run_json(
+        capsys,
+        [
+            "audit",
+            "mechanism",
+            "laplace",
+            "--trials",
+            "2000",
+            "--timing",
+            "--seed",
+            "0",
+            "--confidence",
+            "0.9999",
+            "--json",
+        ],
+    )
+    assert obj["timing"]["pairs"] == 2000 and 0.0 <= obj["timing"]["p_value"] <= 1.0
+    assert code == 0 and obj["timing"]["passed"] is True
+
+
+def test_pairs_are_refused_for_integer_inputs(capsys):
+    assert main(["audit", "mechanism", "discrete-laplace", "--pair", "zero"]) == 2
+    assert "pair" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ renyi audit train
+TRAIN = ["audit", "train", "--limit", "300", "--epochs", "1", "--seed", "0", "--audit-seed", "0"]
+
+
+def test_audit_train_reports_a_lower_bound_beside_the_claim(capsys, tmp_path):
+    """renyi train's set-up, digits, one epoch: one-run audit at confidence 0.95."""
+    pytest.importorskip("torch")
+    code, obj = run_json(capsys, [*TRAIN, "--json"])
+    for key in ("epsilon_lower_bound", "epsilon_claimed", "delta", "confidence", "canaries"):
+        assert key in obj
+    assert code == 0 and obj["passed"] is True
+    assert obj["epsilon_lower_bound"] <= obj["epsilon_claimed"] <= 3.0 + 1e-9
+    assert obj["delta"] == 1e-5 and obj["confidence"] == 0.95
+    assert set(obj["details"]["kinds"]) == {"gaussian", "sign", "residue", "examples"}
+
+
+def test_audit_train_config_file_and_plot(capsys, tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("matplotlib")
+    cfg = tmp_path / "train.json"
+    cfg.write_text(json.dumps({"epsilon": 2.0, "batch-size": 32, "example_canaries": 16}))
+    plot = tmp_path / "tradeoff.png"
+    code = main([*TRAIN, "--config", str(cfg), "--plot", str(plot)])
+    out = capsys.readouterr().out
+    assert code == 0 and "claimed epsilon" in out and "PASS" in out
+    assert plot.stat().st_size > 1000
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"epsilonn": 2.0}))
+    assert main([*TRAIN, "--config", str(bad)]) == 2
+    assert "epsilonn" in capsys.readouterr().err
+
+
+def test_audit_train_catches_a_planted_bug(capsys):
+    """Noise divided by the batch size twice: refuted in one run (confidence 0.95)."""
+    pytest.importorskip("torch")
+    code, obj = run_json(
+        capsys, [*TRAIN, "--planted", "noise-over-batch-twice", "--epsilon", "1", "--json"]
+    )
+    assert code == 1 and obj["passed"] is False and obj["planted"] == "noise-over-batch-twice"
+    assert main([*TRAIN, "--planted", "sampler-rate"]) == 2
+    assert "harness" in capsys.readouterr().err

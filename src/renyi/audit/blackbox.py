@@ -26,6 +26,20 @@ Attacks:
   (:func:`float_features`: lowest set bit, exponent, precision): the cells are the distinct
   feature triples, the set is chosen on the training half by likelihood ratio and bounded
   on the held-out half, like ``"histogram"``.
+* ``"bytes"``: cells are the outputs' exact 8-byte patterns (IEEE bits, so ``-0.0`` and
+  ``+0.0`` are different cells; when more than 4096 patterns occur, the cell is the
+  pattern's sign bit, zero flag, exponent and lowest set bit), sets by likelihood ratio. A
+  release whose bytes are a function of its lattice index alone gives it nothing beyond the
+  histogram; one that shows the sign of a zero (``-0.0`` only for inputs just below 0)
+  does.
+* ``"signzero"``: two cells, ``y`` is ``-0.0`` or not. Without the choice among many
+  cells of ``"bytes"`` (whose selection can overfit rare patterns), it is the sharp test of
+  the sign of a zero.
+* ``"residue"`` (only with ``residue=(multiplier, modulus)``): two cells, whether
+  ``(multiplier * y) mod modulus`` is 0 (within ``2**-16`` of the modulus) or not. A sum
+  released as ``sum(x) + g K`` (noise on a lattice ``g`` but the values not) keeps
+  ``sum(x) mod g``: with ``multiplier`` the number of parties (a mean times ``K`` is the
+  sum) and ``modulus`` the noise lattice, this attack reads it.
 * ``"lowbits"``: Mironov's (2012) floating-point attack. The cell of ``y`` is the exponent
   ``j`` of its lowest set bit (``y`` is an odd multiple of ``2**j``). Textbook
   ``x + numpy.random.laplace(b)`` produces outputs whose finest bit depends on ``x``
@@ -63,11 +77,13 @@ from renyi.audit.stats import (
 
 __all__ = [
     "ATTACKS",
+    "EXTRA_ATTACKS",
     "AttackResult",
     "AuditResult",
     "MechanismFn",
     "audit_mechanism",
     "audit_samples",
+    "byte_pattern",
     "float_features",
     "lowest_bit_exponent",
     "vectorised",
@@ -76,7 +92,9 @@ __all__ = [
 #: ``mechanism(x, size, rng) -> outputs``: ``size`` independent releases on input ``x``.
 MechanismFn = Callable[[Any, int, Any], ArrayLike]
 FloatArray = NDArray[np.float64]
-ATTACKS = ("threshold", "histogram", "lowbits", "features")
+ATTACKS = ("threshold", "histogram", "lowbits", "features", "signzero")
+#: attacks run only when asked for (``"residue"`` needs ``residue=``)
+EXTRA_ATTACKS = ("bytes", "residue")
 _MAX_DISTINCT = 4096
 _ZERO_CELL = -1_200  # lowest-bit exponent given to y == 0 (below every double's)
 
@@ -300,11 +318,97 @@ def _features_cells(tr0: FloatArray, tr1: FloatArray, te0: FloatArray, te1: Floa
     return _Cells(split[0], split[1], split[2], split[3], keys.shape[0], False, label)
 
 
-_CELLS = {
+def _keyed_cells(parts: list[NDArray[Any]], label: Callable[[NDArray[Any]], str]) -> _Cells:
+    """Cells = distinct rows (or values) of the four keyed arrays, sets by likelihood ratio."""
+    keys, inverse = np.unique(np.concatenate(parts), axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1).astype(np.int64)
+    bounds = np.cumsum([0] + [p.shape[0] for p in parts])
+    split = [inverse[bounds[i] : bounds[i + 1]] for i in range(4)]
+
+    def labels(chosen: NDArray[np.int64]) -> str:
+        return label(keys[chosen])
+
+    return _Cells(split[0], split[1], split[2], split[3], int(keys.shape[0]), False, labels)
+
+
+def byte_pattern(y: ArrayLike) -> NDArray[np.uint64]:
+    """The IEEE-754 bit pattern of each output as an unsigned integer (``-0.0`` differs
+    from ``0.0``).
+
+    Example:
+        >>> [hex(int(b)) for b in byte_pattern([0.0, -0.0, 1.0])]
+        ['0x0', '0x8000000000000000', '0x3ff0000000000000']
+    """
+    return np.ascontiguousarray(np.asarray(y, dtype=np.float64)).view(np.uint64).copy()
+
+
+def _bytes_cells(tr0: FloatArray, tr1: FloatArray, te0: FloatArray, te1: FloatArray) -> _Cells:
+    parts = [byte_pattern(p) for p in (tr0, tr1, te0, te1)]
+    if np.unique(np.concatenate(parts[:2])).size <= _MAX_DISTINCT:
+
+        def label(keys: NDArray[Any]) -> str:
+            shown = ", ".join(
+                repr(float(v)) for v in keys[:6].astype(np.uint64).view(np.float64).tolist()
+            )
+            return "bytes of y in {" + shown + (", ..." if keys.size > 6 else "") + "}"
+
+        return _keyed_cells(parts, label)
+    feats = [
+        np.stack(
+            [
+                np.signbit(p).astype(np.int64),
+                (p == 0).astype(np.int64),
+                np.frexp(p)[1].astype(np.int64),
+                lowest_bit_exponent(p),
+            ],
+            axis=1,
+        )
+        for p in (tr0, tr1, te0, te1)
+    ]
+
+    def flabel(keys: NDArray[Any]) -> str:
+        shown = ", ".join(f"(sign={k[0]}, zero={k[1]}, e={k[2]}, j={k[3]})" for k in keys[:3])
+        return "(sign, zero, exponent, lowest bit) in {" + shown + "}"
+
+    return _keyed_cells(feats, flabel)
+
+
+def _two_cells(flag: Callable[[FloatArray], NDArray[np.bool_]], what: str) -> Callable[..., _Cells]:
+    """Two cells: ``flag(y)`` true (cell 1) or false (cell 0)."""
+
+    def make(tr0: FloatArray, tr1: FloatArray, te0: FloatArray, te1: FloatArray) -> _Cells:
+        def cells(y: FloatArray) -> NDArray[np.int64]:
+            return flag(y).astype(np.int64)
+
+        def label(chosen: NDArray[np.int64]) -> str:
+            if chosen.size == 2:
+                return "all outputs"
+            return what if int(chosen[0]) == 1 else f"not ({what})"
+
+        return _Cells(cells(tr0), cells(tr1), cells(te0), cells(te1), 2, False, label)
+
+    return make
+
+
+def _is_negative_zero(y: FloatArray) -> NDArray[np.bool_]:
+    return np.asarray((y == 0) & np.signbit(y))
+
+
+def _residue_cells(multiplier: float, modulus: float) -> Callable[..., _Cells]:
+    def off_lattice(y: FloatArray) -> NDArray[np.bool_]:
+        r = np.mod(multiplier * y, modulus) / modulus  # in [0, 1)
+        return np.asarray(np.minimum(r, 1.0 - r) > 2.0**-16)
+
+    return _two_cells(off_lattice, f"{multiplier:g} y is off the lattice {modulus:g} Z")
+
+
+_CELLS: dict[str, Callable[..., _Cells]] = {
     "threshold": _threshold_cells,
     "histogram": _histogram_cells,
     "lowbits": _lowbits_cells,
     "features": _features_cells,
+    "bytes": _bytes_cells,
+    "signzero": _two_cells(_is_negative_zero, "y is -0.0"),
 }
 
 
@@ -399,12 +503,14 @@ def audit_samples(
     attacks: Sequence[str] = ATTACKS,
     orders: ArrayLike | None = None,
     claimed_rdp: ArrayLike | None = None,
+    residue: tuple[float, float] | None = None,
 ) -> AuditResult:
     """Audit from given outputs: ``y0`` (runs on ``x0``) and ``y1`` (runs on ``x1``).
 
     Same analysis as :func:`audit_mechanism` (which draws the outputs); the runs must be
     independent. Each array is split in half: the first half chooses each attack's set, the
     second evaluates it. See the module docstring for the attacks and the guarantee.
+    ``residue=(multiplier, modulus)`` adds the ``"residue"`` attack.
 
     Example:
         >>> rng = np.random.default_rng(1)
@@ -421,8 +527,23 @@ def audit_samples(
         else check_range("claimed_epsilon", claimed_epsilon, 0.0, math.inf)
     )
     names = list(attacks)
-    if not names or any(a not in _CELLS for a in names) or len(set(names)) != len(names):
-        raise fail("attacks", attacks, f"a non-empty list of distinct names from {ATTACKS}")
+    cells = dict(_CELLS)
+    if residue is not None:
+        try:
+            mult, modulus = (float(v) for v in residue)
+        except (TypeError, ValueError):
+            raise fail("residue", residue, "a pair (multiplier, modulus)") from None
+        if not (math.isfinite(mult) and mult != 0 and math.isfinite(modulus) and modulus > 0):
+            raise fail("residue", residue, "a finite multiplier != 0 and a modulus > 0")
+        cells["residue"] = _residue_cells(mult, modulus)
+        if "residue" not in names:
+            names.append("residue")
+    elif "residue" in names:
+        raise fail("attacks", attacks, "'residue' only with residue=(multiplier, modulus)")
+    if not names or any(a not in cells for a in names) or len(set(names)) != len(names):
+        raise fail(
+            "attacks", attacks, f"a non-empty list of distinct names from {ATTACKS + EXTRA_ATTACKS}"
+        )
     a0 = np.asarray(y0)
     a1 = np.asarray(y1)
     n = min(a0.shape[0] if a0.ndim == 1 else 0, a1.shape[0] if a1.ndim == 1 else 0)
@@ -433,7 +554,7 @@ def audit_samples(
     h0, h1 = f0.size // 2, f1.size // 2
     per_attack = 1.0 - (1.0 - conf) / len(names)  # Bonferroni over attacks
     results = [
-        _run_attack(a, _CELLS[a](f0[:h0], f1[:h1], f0[h0:], f1[h1:]), d, per_attack) for a in names
+        _run_attack(a, cells[a](f0[:h0], f1[:h1], f0[h0:], f1[h1:]), d, per_attack) for a in names
     ]
     best = max(results, key=lambda r: r.epsilon)
     passed = None if claim is None else bool(best.epsilon <= claim)
@@ -481,6 +602,7 @@ def audit_mechanism(
     claimed_rdp: ArrayLike | None = None,
     statistic: Callable[[Any], ArrayLike] | None = None,
     rng: Any = None,
+    residue: tuple[float, float] | None = None,
 ) -> AuditResult:
     """Lower-bound a mechanism's epsilon from ``trials`` runs on each of ``x0`` and ``x1``.
 
@@ -510,6 +632,7 @@ def audit_mechanism(
         attacks=attacks,
         orders=orders,
         claimed_rdp=claimed_rdp,
+        residue=residue,
     )
 
 

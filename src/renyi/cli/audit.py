@@ -10,9 +10,20 @@
   (``--k``, ``--epsilon``) and ``fedavg`` (``--sigma``: the noise multiplier), which run the
   installed code on inputs 0 and 1 (:mod:`renyi.audit.paths`).
   ``--bug half-noise`` / ``--bug double-sensitivity`` plant a bug to see it caught.
+  ``--pair zero|midpoint`` attacks inputs on both sides of zero (``-t, +t``) or on both
+  sides of a lattice midpoint instead (``renyi.noise`` lattice of the noise scale);
+  ``--timing`` adds a rank test of the two inputs' release times
+  (:func:`renyi.audit.timing.audit_timing`). ``gopa`` (``--k`` parties) attacks GOPA's sum
+  with the lattice-residue attack.
 * ``renyi audit dpsgd --method final-step|many-runs|one-run --canaries 1000 ...``: Dirac
   canary audits of DP-SGD (:mod:`renyi.audit.dpsgd`); ``--config FILE`` reads the same
   options from a JSON object; ``--trainer torch`` audits our DPOptimizer (final step).
+* ``renyi audit train [--config FILE] [renyi train's options] [--json] [--plot PATH]``: the
+  training ``renyi train`` would run, audited in one run (:mod:`renyi.audit.training`):
+  white-box gradient canaries at the clipped-sum stage and black-box canary examples,
+  an ε lower bound beside the ε the run claims (JSON keys ``epsilon_lower_bound``,
+  ``epsilon_claimed``, ``delta``, ``confidence``, ``canaries``). ``--planted BUG`` plants a
+  catalogued bug (:mod:`renyi.audit.planted`) in the optimizer first.
 
 Exit status: 0 when the claim passes, 1 when the audit refutes it, 2 on bad arguments.
 """
@@ -40,7 +51,7 @@ _MECHANISMS = (
     "naive-gaussian",
 )
 #: renyi's own release paths (renyi.audit.paths): attack the installed code end to end
-_PATHS = ("dpsgd-noise", "central-mean", "local-mean", "fedavg")
+_PATHS = ("dpsgd-noise", "central-mean", "local-mean", "fedavg", "gopa")
 _DPSGD_KEYS = {
     "method": str,
     "noise_multiplier": float,
@@ -87,6 +98,18 @@ def register(sub: Any) -> None:
     m.add_argument(
         "--dtype", choices=["float32", "float64"], default="float64", help="dpsgd-noise dtype"
     )
+    m.add_argument(
+        "--pair",
+        choices=["sensitivity", "zero", "midpoint"],
+        default="sensitivity",
+        help="inputs: 0 and the sensitivity (default); -t and +t around zero; or the two "
+        "sides of a lattice midpoint (t = 2^-7 of the sensitivity, or of the lattice step)",
+    )
+    m.add_argument(
+        "--timing",
+        action="store_true",
+        help="also rank-test the release time of the two inputs (interleaved pairs)",
+    )
     m.add_argument("--plot", metavar="PATH", help="write the ROC figure to PATH")
     m.add_argument("--json", action="store_true", help="print one JSON object")
     m.set_defaults(func=_run_mechanism)
@@ -110,6 +133,58 @@ def register(sub: Any) -> None:
     d.add_argument("--json", action="store_true", help="print one JSON object")
     d.set_defaults(func=_run_dpsgd)
 
+    t = what.add_parser(
+        "train",
+        parents=[_train_parser()],
+        conflict_handler="resolve",
+        help="audit the training `renyi train` would run, in one run",
+        description="Run `renyi train`'s set-up with white-box gradient canaries at the "
+        "clipped-sum stage and black-box canary examples; report a lower bound on epsilon "
+        "beside the epsilon the run claims (Steinke, Nasr & Jagielski 2023; the f-DP test "
+        "of Mahloujifar, Melis & Chaudhuri 2025).",
+    )
+    t.add_argument("--config", metavar="FILE", help="JSON object of any of these options")
+    t.add_argument("--canaries", type=int, default=None, help="gradient canaries (1000)")
+    t.add_argument("--sign-canaries", type=int, default=None, help="sign canaries (64)")
+    t.add_argument("--residue-canaries", type=int, default=None, help="residue canaries (64)")
+    t.add_argument(
+        "--example-canaries", type=int, default=None, help="black-box canary examples (128)"
+    )
+    t.add_argument(
+        "--participation",
+        choices=["sampler", "every-step"],
+        default=None,
+        help="canaries join steps as the sampler would sample them (default) or every step",
+    )
+    t.add_argument("--confidence", type=float, default=None, help="confidence (0.95)")
+    t.add_argument("--audit-seed", type=int, default=None, help="seed of the audit's coins")
+    t.add_argument(
+        "--planted",
+        metavar="BUG",
+        default=None,
+        help="plant a catalogued bug in the optimizer first (renyi.audit.planted)",
+    )
+    t.add_argument("--plot", metavar="PATH", help="write the ROC / trade-off figure to PATH")
+    t.add_argument("--json", action="store_true", help="print one JSON object")
+    t.set_defaults(func=_run_train)
+
+
+def _train_parser() -> argparse.ArgumentParser:
+    """``renyi train``'s options, as a parent parser (the same flags and defaults)."""
+    from renyi.cli import train
+
+    scratch = argparse.ArgumentParser(add_help=False)
+    train.register(scratch.add_subparsers())
+    sub = next(a for a in scratch._actions if isinstance(a, argparse._SubParsersAction)).choices[
+        "train"
+    ]
+    parent = argparse.ArgumentParser(add_help=False)
+    skip = {"help", "json", "plot", "no_progress"}
+    for action in sub._actions:
+        if action.dest not in skip:
+            parent._add_action(action)
+    return parent
+
 
 # ------------------------------------------------------------------ mechanism
 def _release_path(args: argparse.Namespace, delta: float) -> tuple[Any, Any, Any, float, str]:
@@ -126,15 +201,47 @@ def _release_path(args: argparse.Namespace, delta: float) -> tuple[Any, Any, Any
             f"sensitivity={args.sensitivity!r} is invalid: expected 1 for {args.name} "
             "(its neighbouring inputs are fixed: 0 and 1)"
         )
+    k = args.k if args.name != "gopa" else max(args.k, 2)
     mech, x0, x1, claim, _, desc = release_path(
-        args.name, sigma=args.sigma, k=args.k, epsilon=args.epsilon, delta=delta, dtype=args.dtype
+        args.name,
+        sigma=args.sigma,
+        k=k,
+        epsilon=args.epsilon,
+        delta=delta,
+        dtype=args.dtype,
+        pair=args.pair,
     )
     return mech, x0, x1, claim, desc
+
+
+def _pair(args: argparse.Namespace, x0: Any, x1: Any, scale: float) -> tuple[Any, Any]:
+    """The inputs of ``--pair`` for a mechanism of noise scale ``scale``."""
+    if args.pair == "sensitivity":
+        return x0, x1
+    if isinstance(x0, bool | int | np.integer):
+        raise PrivacyParameterError(
+            f"pair={args.pair!r} is invalid for {args.name}: expected the default pair "
+            "(its inputs are integers or bits: no sign of zero, no lattice midpoint)"
+        )
+    from renyi import noise
+
+    if args.pair == "zero":
+        t = args.sensitivity * 2.0**-7
+        return -t, t
+    g = noise.lattice_step(scale)
+    return g / 2 - g / 128, g / 2 + g / 128
 
 
 def _mechanism(args: argparse.Namespace, delta: float) -> tuple[Any, Any, Any, float, str]:
     if args.name in _PATHS:
         return _release_path(args, delta)
+    mech, x0, x1, claim, params = _plain_mechanism(args, delta)
+    scale = args.scale if "laplace" in args.name else args.sigma
+    x0, x1 = _pair(args, x0, x1, scale)
+    return mech, x0, x1, claim, params
+
+
+def _plain_mechanism(args: argparse.Namespace, delta: float) -> tuple[Any, Any, Any, float, str]:
     from renyi.analysis.closed_forms import gaussian_epsilon
     from renyi.audit.blackbox import vectorised
     from renyi.mechanisms import (
@@ -246,6 +353,10 @@ def _run_mechanism(args: argparse.Namespace) -> int:
     from renyi.audit.blackbox import audit_mechanism
 
     gaussian = args.name in ("gaussian", "naive-gaussian", "discrete-gaussian", *_PATHS)
+    if args.pair != "sensitivity" and args.name in _PATHS and args.sensitivity != 1.0:
+        raise PrivacyParameterError(
+            f"sensitivity={args.sensitivity!r} is invalid with --pair: expected 1 for {args.name}"
+        )
     delta = args.delta if args.delta is not None else (1e-5 if gaussian else 0.0)
     if gaussian and delta == 0.0:
         raise PrivacyParameterError("delta=0.0 is invalid: expected delta in (0, 1) for Gaussians")
@@ -259,6 +370,12 @@ def _run_mechanism(args: argparse.Namespace) -> int:
     claimed_rdp = _claimed_rdp(args, orders) if orders is not None else None
     naive = args.name.startswith("naive")
     rng: Any = np.random.default_rng(args.seed) if (args.seed is not None or naive) else None
+    residue = None
+    if args.name == "gopa":
+        from renyi import noise
+
+        residue = (1.0, noise.lattice_step(args.sigma))
+    timing = None
     with warnings.catch_warnings():
         if args.seed is not None:
             warnings.simplefilter("ignore", InsecureRandomnessWarning)
@@ -273,7 +390,19 @@ def _run_mechanism(args: argparse.Namespace) -> int:
             orders=orders,
             claimed_rdp=claimed_rdp,
             rng=rng,
+            residue=residue,
         )
+        if args.timing:
+            from renyi.audit.timing import audit_timing
+
+            timing = audit_timing(
+                lambda x: mech(x, 1, rng),
+                x0,
+                x1,
+                pairs=2000,
+                confidence=args.confidence,
+                rng=np.random.default_rng(args.seed),
+            )
     plot = None
     if args.plot:
         from renyi.audit.plots import plot_roc
@@ -289,7 +418,9 @@ def _run_mechanism(args: argparse.Namespace) -> int:
                 "bug": args.bug,
                 "x0": x0,
                 "x1": x1,
+                "pair": args.pair,
                 **result.to_dict(),
+                "timing": None if timing is None else timing.to_dict(),
                 "plot": plot,
             }
         )
@@ -319,9 +450,16 @@ def _run_mechanism(args: argparse.Namespace) -> int:
                 )
             )
             print(f"RDP claims: {'PASS' if result.rdp_passed else 'FAIL'}")
+        if timing is not None:
+            print(
+                f"timing of x0={x0!r} vs x1={x1!r}: {timing.pairs} interleaved pairs, "
+                f"signed-rank p = {timing.p_value:.3g}, P(x1 slower) = {timing.auc:.3f}, "
+                f"median ratio {timing.median_ratio:.3f}: "
+                f"{'PASS' if timing.passed else 'FAIL'}"
+            )
         if plot:
             print(f"figure written to {plot}")
-    ok = result.passed and result.rdp_passed is not False
+    ok = result.passed and result.rdp_passed is not False and (timing is None or timing.passed)
     return 0 if ok else 1
 
 
@@ -463,3 +601,179 @@ def _run_dpsgd(args: argparse.Namespace) -> int:
     if not math.isfinite(r.epsilon_lower) and r.epsilon_lower != math.inf:  # pragma: no cover
         return 2
     return 0 if r.passed else 1
+
+
+# ------------------------------------------------------------------ train
+_TRAIN_AUDIT_DEFAULTS: dict[str, Any] = {
+    "canaries": 1000,
+    "sign_canaries": 64,
+    "residue_canaries": 64,
+    "example_canaries": 128,
+    "participation": "sampler",
+    "confidence": 0.95,
+    "audit_seed": None,
+    "planted": None,
+}
+
+
+def _train_options(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with ``--config`` merged in: a config key applies where the command line left
+    the option at its default; unknown keys are refused."""
+    parser = _train_parser()
+    defaults = {a.dest: a.default for a in parser._actions}
+    defaults.update({k: None for k in _TRAIN_AUDIT_DEFAULTS})
+    known = set(defaults)
+    merged = dict(vars(args))
+    if args.config:
+        try:
+            with open(args.config, encoding="utf-8") as fh:
+                loaded = json.load(fh)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise PrivacyParameterError(
+                f"config={args.config!r} is invalid: expected a readable JSON file ({exc})"
+            ) from None
+        if not isinstance(loaded, dict):
+            raise PrivacyParameterError(f"config={args.config!r} is invalid: expected an object")
+        for key, value in loaded.items():
+            k = key.replace("-", "_")
+            if k not in known:
+                raise PrivacyParameterError(
+                    f"config key {key!r} is invalid: expected one of {sorted(known)}"
+                )
+            if merged.get(k) == defaults[k]:
+                merged[k] = value
+    for k, v in _TRAIN_AUDIT_DEFAULTS.items():
+        if merged.get(k) is None:
+            merged[k] = v
+    return argparse.Namespace(**merged)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    import torch
+
+    from renyi.audit.training import add_example_canaries, audit_training, example_scores
+    from renyi.cli import train as cli_train
+    from renyi.dpsgd.trainer import Trainer
+    from renyi.errors import OrderAtGridEdgeWarning
+
+    o = _train_options(args)
+    if o.accounting != "standard" or o.user_level is not None:
+        raise PrivacyParameterError(
+            "accounting/user-level is invalid for `renyi audit train`: expected standard "
+            "example-level training (individual accounting and user-level DP are audited by "
+            "the test suite's harness, renyi.audit.harness)"
+        )
+    if o.threads is not None:
+        torch.set_num_threads(max(1, int(o.threads)))
+    arch, epochs, batch, lr, clip, momentum = cli_train._DEFAULTS[o.dataset]
+    arch = o.model if o.model is not None else arch
+    epochs = o.epochs if o.epochs is not None else epochs
+    batch = o.batch_size if o.batch_size is not None else batch
+    lr = o.lr if o.lr is not None else lr
+    clip = o.max_grad_norm if o.max_grad_norm is not None else clip
+    gen = np.random.default_rng(o.audit_seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OrderAtGridEdgeWarning)
+        if o.seed is not None:
+            warnings.simplefilter("ignore", InsecureRandomnessWarning)
+        data, _ = cli_train._load(o)
+        m_ex = int(o.example_canaries)
+        extra: dict[str, Any] = {}
+        if m_ex > 0:
+            data, cx, cy, inc = add_example_canaries(data, m_ex, classes=10, rng=gen)
+        sampling = o.sampling
+        accountant = cli_train._choose_accountant(o.accountant, sampling, len(data), batch)
+        torch.manual_seed(0 if o.seed is None else o.seed)
+        model = cli_train.build_model(o.dataset, arch)
+        common: dict[str, Any] = dict(
+            loss_fn=torch.nn.CrossEntropyLoss(),
+            target_epsilon=o.epsilon,
+            delta=o.delta,
+            epochs=epochs,
+            batch_size=batch,
+            max_grad_norm=clip,
+            accountant=accountant,
+            seed=o.seed,
+        )
+        sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+        if o.noise == "dpsgd":
+            from renyi.dpsgd.privacy import make_private
+
+            private = make_private(model, sgd, data, sampling=sampling, **common)
+        else:
+            from renyi.dpsgd.correlated import make_private_correlated
+
+            if sampling != "poisson":
+                raise PrivacyParameterError(
+                    f"sampling={sampling!r} is invalid with --noise {o.noise}: expected poisson"
+                )
+            private = make_private_correlated(
+                model, sgd, data, noise=o.noise, bands=o.bands, buffers=o.buffers, **common
+            )
+        if o.planted is not None:
+            from renyi.audit.planted import plant
+
+            plant(o.planted, private.optimizer)
+        if m_ex > 0:
+            extra["examples"] = lambda: (example_scores(model, cx, cy), inc)
+        params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        others = int(o.sign_canaries) + int(o.residue_canaries)
+        # one coordinate per canary: at most the model's parameters in all
+        n_gauss = max(0, min(int(o.canaries), params - others))
+        result = audit_training(
+            private.optimizer,
+            lambda: Trainer(private, progress=False).fit(),
+            canaries=n_gauss,
+            sign_canaries=int(o.sign_canaries),
+            residue_canaries=int(o.residue_canaries),
+            delta=o.delta,
+            confidence=float(o.confidence),
+            participation=o.participation,
+            extra_scores=extra,
+            rng=gen,
+        )
+    plot = None
+    if o.plot:
+        from renyi.audit.plots import plot_tradeoff
+
+        plot = str(plot_tradeoff(result, o.plot))
+    summary = {
+        "command": "audit",
+        "target": "train",
+        **result.to_dict(),
+        "planted": o.planted,
+        "dataset": o.dataset,
+        "model": arch,
+        "sampling": sampling,
+        "noise": o.noise,
+        "accountant": accountant,
+        "noise_multiplier": private.noise_multiplier,
+        "steps": private.steps,
+        "secure_randomness": o.seed is None,
+        "plot": plot,
+    }
+    if o.json:
+        print_json(summary)
+    else:
+        rows: list[list[Any]] = [
+            ["audited lower bound (Steinke et al.)", f"{result.epsilon_lower_bound:.4g}"],
+            ["claimed epsilon", f"{result.epsilon_claimed:.4g}"],
+            ["delta, confidence", f"{result.delta:g}, {result.confidence:g}"],
+            ["canaries", result.canaries],
+            ["refuted mu-GDP (f-DP test)", f"{result.mu_lower_bound or 0:.4g}"],
+            ["  as epsilon, if Gaussian-shaped", f"{result.epsilon_gdp or 0:.4g}"],
+            ["claimed curve refuted", result.fdp_claim_refuted],
+            ["steps, sigma", f"{private.steps}, {private.noise_multiplier:.4g}"],
+            ["planted bug", o.planted or "none"],
+        ]
+        print(format_table(["", "value"], rows, title="renyi audit train: one-run audit"))
+        for kind, info in result.details.get("kinds", {}).items():
+            best = max(info["guesses"], key=lambda g: g["epsilon"])
+            print(
+                f"  {kind}: {info['canaries']} canaries, best {best['correct']}/"
+                f"{best['guesses']} guesses right (eps >= {best['epsilon']:.3g})"
+            )
+        print(f"verdict: {'PASS' if result.passed else 'FAIL'}")
+        if plot:
+            print(f"figure written to {plot}")
+    return 0 if result.passed else 1
