@@ -70,6 +70,52 @@ def _contenders(
     }
 
 
+def mlp_step_share(rounds: int, batch: int = 512) -> None:
+    """The noise's share of a private step of the benchmark MLP (100-512-512-2, 315,394
+    parameters, as benchmarks/dpsgd.py): DPOptimizer steps (secure source, Poisson sampler)
+    interleaved with the noise stage alone (``release_noisy_sum`` on the flat clipped sum)."""
+    from torch import nn
+
+    from renyi.dpsgd.optimizer import DPOptimizer
+    from renyi.dpsgd.sampler import PoissonSampler
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(100, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 2)
+    )
+    x, y = torch.randn(batch, 100), torch.randint(0, 2, (batch,))
+    opt = DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        model=model,
+        loss_fn=nn.CrossEntropyLoss(),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        sampler=PoissonSampler(batch * 100, 0.01, 10**6),
+        accountant="rdp",
+    )
+    flat = torch.zeros(sum(p.numel() for p in model.parameters()))
+
+    def step() -> None:
+        opt.zero_grad()
+        opt.accumulate(x, y)
+        opt.step()
+
+    def release() -> None:
+        opt.release_noisy_sum(flat)
+
+    step(), release()
+    steps, noises = [], []
+    for _ in range(rounds):
+        steps.append(_time(step))
+        noises.append(_time(release))
+    s, n = statistics.median(steps), statistics.median(noises)
+    print(
+        f"MLP ({flat.numel():,} parameters, batch {batch}): private step {1e3 * s:.1f} ms, "
+        f"its noise stage {1e3 * n:.2f} ms = {100 * n / s:.1f} % of the step (medians of "
+        f"{rounds} interleaved rounds)"
+    )
+
+
 def _time(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
@@ -82,8 +128,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--opendp-n", type=int, default=20_000)
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    ap.add_argument("--mlp-step", action="store_true", help="the noise's share of an MLP step")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.mlp_step:
+        mlp_step_share(max(args.rounds, 5))
+        return
     gen = np.random.default_rng()
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of "

@@ -224,3 +224,21 @@ def test_threaded_release_is_the_same_bytes():
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, three)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "laplace"])
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_half_precision_tensors_release_the_same_bytes_on_both_paths(kind, name, monkeypatch):
+    """float16/bfloat16 CPU tensors take the float32 pass then one rounding to their dtype;
+    the torch operations in the half dtype's compute path give the same bytes."""
+    torch = pytest.importorskip("torch")
+    dtype = getattr(torch, name)
+    cn = noise.CounterNoise(bytes(range(32)))
+    x = (torch.randn(9001, generator=torch.Generator().manual_seed(2)) * 4).to(dtype)
+    x[:4] = torch.tensor([0.0, -0.0, float(torch.finfo(dtype).max), -0.01]).to(dtype)
+    a = getattr(cn, kind)(x, 0.3, stream=1, step=1)
+    monkeypatch.setattr(noise, "_USE_FUSED", False)
+    b = getattr(cn, kind)(x, 0.3, stream=1, step=1)
+    assert a.dtype == b.dtype == dtype
+    assert a.view(torch.int16).tolist() == b.view(torch.int16).tolist()
+    assert bool(torch.isfinite(a).all()) and not bool(((a == 0) & a.signbit()).any())

@@ -100,6 +100,7 @@ _USE_FUSED = True  # the compiled pass when numba is installed (tests compare bo
 _SMALL = 1 << 12  # releases up to this size run numpy's kernels (less per-call overhead)
 _CHUNK_UNITS = 1 << 15  # units of random bits per float32 pass on the CPU (fits in L2)
 _DEVICE_CHUNK_UNITS = 1 << 22
+_FUSED_CHUNK_UNITS = 1 << 17  # the compiled pass streams: larger chunks, less overhead
 _GAUSS_DOMAIN, _LAPLACE_DOMAIN = 0, 64  # nonce domains; extension level l adds l
 _UNIT_BYTES = {"gaussian": 8, "laplace": 4}
 _UNIT_VALUES = {"gaussian": 2, "laplace": 1}
@@ -438,6 +439,8 @@ def _release_flat_checked(
     wide_g = g < 1.0  # x / g can overflow only then (a public condition)
 
     fused = _fusable(x, cd, out_dtype, ops, on_device)
+    if fused:
+        chunk = _FUSED_CHUNK_UNITS
     x_np: Any = (x.numpy() if ops.torch else x) if fused else None
     out_np: Any = (out.numpy() if ops.torch else out) if fused else None
 
@@ -455,12 +458,13 @@ def _release_flat_checked(
             pad[lead : lead + (v1 - v0)] = xs
             xs = pad
         res = out_np[v0 - offset : v1 - offset] if full else np.empty(k * uv, out_np.dtype)
-        flag = np.empty(k * uv, dtype=np.uint8)
+        flag = np.empty(k * uv, dtype=np.int64)
         run = _fused.gaussian_chunk if kind == "gaussian" else _fused.laplace_chunk
-        run(w, xs, g, s, float(thr), big, res, flag)
+        count = run(w, xs, g, s, float(thr), big, res, flag)
         if not full:
             out_np[v0 - offset : v1 - offset] = res[lead : lead + (v1 - v0)]
-        idx = np.flatnonzero(flag[lead : lead + (v1 - v0)])
+        idx = flag[:count] - lead
+        idx = idx[(idx >= 0) & (idx < v1 - v0)]
         if len(idx):
             units = (idx + lead) // uv
             ww = w[units].astype(np.int64)
@@ -695,6 +699,14 @@ def _release(
             )
             return torch.from_numpy(got).reshape(arr.shape)
         ops = _kernel.Ops(torch)
+        half = (torch.float16, torch.bfloat16)
+        if flat.device.type == "cpu" and out_dtype in half and given is None and _USE_FUSED:
+            # the float32 pass on the exact float32 values, then fl(g K) in the half dtype
+            # (no double rounding: see docs/noise.md), saturated, never -0
+            wide = _release_flat(kind, flat.float(), s, bits, offset, ops, torch.float32)
+            big = float(torch.finfo(out_dtype).max)
+            res = torch.nan_to_num(wide.to(out_dtype), nan=0.0, posinf=big, neginf=-big)
+            return (res + 0.0).reshape(arr.shape)
         res = _release_flat(kind, flat, s, bits, offset, ops, out_dtype, flat.device, given)
         return res.reshape(arr.shape)
     out_np = arr.dtype if arr.dtype.kind == "f" else np.dtype(np.float64)
@@ -805,8 +817,12 @@ def _raw_normals(bits: Any, first_value: int, n: int, xp: Any, device: Any = Non
         ext_words = np.stack([e1, e2], axis=1)
         if xp is not np:
             main, ext_words = xp.from_numpy(main), xp.from_numpy(ext_words)
-    c1 = (main[:, 0] & 0x7FFFFFFF) * 2.0**32 + ext_words[:, 0] + 0.5  # rounded to 53 bits
-    a2 = (main[:, 1] & 0xFFFFFFFF) * 2.0**32 + ext_words[:, 1] + 0.5
+
+    def f64(a: Any) -> Any:
+        return a.astype(np.float64) if xp is np else a.to(xp.float64)
+
+    c1 = f64(main[:, 0] & 0x7FFFFFFF) * 2.0**32 + f64(ext_words[:, 0]) + 0.5  # to 53 bits
+    a2 = f64(main[:, 1] & 0xFFFFFFFF) * 2.0**32 + f64(ext_words[:, 1]) + 0.5
     r = xp.sqrt(-2.0 * xp.log(c1 * 2.0**-63))
     theta = a2 * (2.0 * math.pi * 2.0**-64)
     z = xp.stack([r * xp.cos(theta), r * xp.sin(theta)], 1).reshape(-1)

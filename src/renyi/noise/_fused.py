@@ -38,6 +38,7 @@ def available() -> bool:
 
 def _gauss(w, xs, g, inv_g, s32, thr, big, wide, out, flag):  # type: ignore[no-untyped-def]
     k = w.shape[0]
+    nflag = 0
     two31 = _F(2.0**-31)
     m2 = _F(-2.0)
     one = _F(1.0)
@@ -81,17 +82,21 @@ def _gauss(w, xs, g, inv_g, s32, thr, big, wide, out, flag):  # type: ignore[no-
             v = v + _F(f)
             j = np.rint(v)
             d = abs(v - j)
-            flag[i] = 1 if (bad or not d <= thr) else 0
+            if bad or not d <= thr:
+                flag[nflag] = i
+                nflag += 1
             o = (xc - f * g) + j * g
             if o > big:
                 o = big
             elif o < -big:
                 o = -big
             out[i] = o + 0
+    return nflag
 
 
 def _laplace(w, xs, g, inv_g, s32, thr, big, wide, out, flag):  # type: ignore[no-untyped-def]
     two31 = _F(2.0**-31)
+    nflag = 0
     for i in range(w.shape[0]):
         word = w[i]
         c = word & 0x7FFFFFFF
@@ -106,13 +111,16 @@ def _laplace(w, xs, g, inv_g, s32, thr, big, wide, out, flag):  # type: ignore[n
         v = v + _F(f)
         j = np.rint(v)
         d = abs(v - j)
-        flag[i] = 1 if (c < (1 << 20) or not d <= thr) else 0
+        if c < (1 << 20) or not d <= thr:
+            flag[nflag] = i
+            nflag += 1
         o = (xc - f * g) + j * g
         if o > big:
             o = big
         elif o < -big:
             o = -big
         out[i] = o + 0
+    return nflag
 
 
 if njit is not None:  # pragma: no branch
@@ -122,16 +130,19 @@ if njit is not None:  # pragma: no branch
 
 def gaussian_chunk(
     w: Any, xs: Any, g: float, s: float, thr: float, big: float, out: Any, flag: Any
-) -> None:
+) -> int:
     """One Gaussian chunk: ``w`` the pairs' 64-bit words (int64), ``xs`` the ``2 len(w)``
-    values (float32 or float64, also the compute dtype), results into ``out`` and ``flag``."""
+    values (float32 or float64, also the compute dtype); the releases go into ``out``, the
+    positions of the flagged values into ``flag[:count]`` (int64); returns ``count``."""
     dt = xs.dtype.type
-    _gauss_jit(w, xs, dt(g), dt(1.0 / g), _F(s), _F(thr), dt(big), g < 1.0, out, flag)
+    count = _gauss_jit(w, xs, dt(g), dt(1.0 / g), _F(s), _F(thr), dt(big), g < 1.0, out, flag)
+    return int(count)
 
 
 def laplace_chunk(
     w: Any, xs: Any, g: float, s: float, thr: float, big: float, out: Any, flag: Any
-) -> None:
+) -> int:
     """One Laplace chunk: ``w`` the values' 32-bit words (int32, sign-extended)."""
     dt = xs.dtype.type
-    _laplace_jit(w, xs, dt(g), dt(1.0 / g), _F(s), _F(thr), dt(big), g < 1.0, out, flag)
+    count = _laplace_jit(w, xs, dt(g), dt(1.0 / g), _F(s), _F(thr), dt(big), g < 1.0, out, flag)
+    return int(count)
