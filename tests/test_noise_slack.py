@@ -75,6 +75,17 @@ def test_privacy_engine_epsilon_inherits_the_slack(leaky):
     assert eps == acc.epsilon(1e-4).epsilon > acc._epsilon(1e-4).epsilon
 
 
+def test_budget_and_ledger_epsilon_inherit_the_slack(leaky, tmp_path):
+    from renyi.analysis.conversions import rdp_to_dp_mironov
+    from renyi.budget import Budget
+
+    b = Budget(epsilon=10.0, delta=1e-3, ledger=tmp_path / "l.sqlite")
+    b.spend(GaussianEvent(2.0), 3)
+    ideal = float(rdp_to_dp_mironov(b._orders, b.spent(), 1e-3)[0])
+    assert b.spent_epsilon() > ideal
+    assert b.status()["epsilon_spent"] == b.spent_epsilon()
+
+
 def test_cli_json_reports_the_slack():
     from renyi.cli.main import main
 

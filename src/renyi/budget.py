@@ -600,11 +600,27 @@ class Budget:
     def _epsilon_of(self, spent: NDArray[np.float64]) -> float:
         """ε at the budget's δ of an RDP total (Mironov, over the budget's fixed grid)."""
         from renyi.analysis.conversions import rdp_to_dp_mironov
+        from renyi.noise import accounting_slack
 
         if not np.any(spent > 0):
             return 0.0
-        eps, _ = rdp_to_dp_mironov(self._orders, spent, self._spec["delta"])
-        return float(eps)
+        delta = float(self._spec["delta"])
+        eps = float(rdp_to_dp_mironov(self._orders, spent, delta)[0])
+        # the noise implementation's slack, as Accountant.epsilon adds it (0: renyi's noise is
+        # exact): the ideal ε at δ - slack(guess), valid once the answer is below the guess
+        guess = eps + 1.0
+        for _ in range(16):
+            e_s, d_s = accounting_slack(guess)
+            if not (e_s or d_s):
+                return eps
+            d = min(delta - d_s, math.nextafter(delta, 0.0))
+            if d <= 0:
+                return math.inf
+            ideal = float(rdp_to_dp_mironov(self._orders, spent, d)[0])
+            if ideal <= guess:
+                return ideal + e_s
+            guess = ideal + 1.0
+        return math.inf
 
     def _summary(self, spent: Any) -> dict[str, Any]:
         if self.kind == "pure":

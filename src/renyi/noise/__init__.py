@@ -254,12 +254,9 @@ class _CounterBits:
         return _chacha.keystream(self.key, self._nonce(0), block, skip + count * self.unit)[skip:]
 
     def _blocks_bytes(self, level: int, start: int, n: int) -> bytes:
-        b0 = start // _chacha.BLOCK_BYTES
-        b1 = (start + n + _chacha.BLOCK_BYTES - 1) // _chacha.BLOCK_BYTES
-        words = self._blocks(level, np.arange(b0, b1, dtype=np.int64), np)
-        raw = words.astype("<u4").tobytes()
-        off = start - b0 * _chacha.BLOCK_BYTES
-        return raw[off : off + n]
+        """``n`` contiguous keystream bytes of level ``level`` from byte ``start`` (OpenSSL)."""
+        block, skip = divmod(start, _chacha.BLOCK_BYTES)
+        return bytes(_chacha.keystream(self.key, self._nonce(level), block, skip + n)[skip:])
 
     def _blocks(self, level: int, blocks: Any, xp: Any) -> Any:
         nonce = np.frombuffer(self._nonce(level), dtype="<u4").astype(np.int64)
