@@ -17,6 +17,7 @@ from torch import Tensor, nn  # noqa: E402
 
 from renyi.dpsgd.capture import MissingGradientError, PerExampleCapture  # noqa: E402
 from renyi.dpsgd.clipping import ClippedGradientEngine  # noqa: E402
+from renyi.dpsgd.grad_sample import UnsupportedModelError  # noqa: E402
 from renyi.dpsgd.independence import ExampleMixingError  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -165,3 +166,54 @@ def test_frozen_parameters_are_ignored_and_clipping_norm_is_settable() -> None:
     total = torch.sqrt(sum(v.double().pow(2).sum() for v in sums.values()))
     assert float(total) <= 4 * 1e-3 * (1 + 1e-6)
     assert bool((norms > 1e-3).all())
+
+
+@pytest.mark.parametrize("name", ["mlp_inplace_relu", "cnn", "lstm", "transformer"])
+def test_one_backward_forms_no_weight_gradient(name: str) -> None:
+    """The user's backward back-propagates input gradients only: the per-example norms and
+    the clipped sum come from each layer's input and output gradient (book-keeping), so a
+    weight gradient formed by autograd would be thrown away. Parameters get a zero ``.grad``
+    (what is released comes from the clipped sums at ``step()``), and the sums equal the
+    engine's ``accumulate()`` path."""
+    make, data = MODELS[name]
+    torch.manual_seed(7)
+    model = make().double()
+    x = data(6)
+    x = x.double() if x.is_floating_point() else x
+    y = torch.randint(0, 3, (6,))
+    want, _, _ = ClippedGradientEngine(
+        model, nn.CrossEntropyLoss(), max_grad_norm=0.3
+    ).clipped_grad_sum(x, y)
+    cap = PerExampleCapture(model, max_grad_norm=0.3)
+    try:
+        nn.functional.cross_entropy(model(x), y).backward()
+        for n, p in model.named_parameters():
+            assert p.grad is not None and not bool(p.grad.any()), n
+        sums, _, _ = cap.pop_clipped_sum()
+    finally:
+        cap.remove()
+    for k in want:
+        assert torch.allclose(sums[k], want[k], rtol=1e-9, atol=1e-12), k
+
+
+def test_a_parameter_used_outside_its_module_is_refused_at_every_step() -> None:
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.head = nn.Linear(4, 3)
+
+        def forward(self, x: Tensor) -> Tensor:
+            return self.head(self.fc(x) @ self.fc.weight)  # fc.weight used twice
+
+    torch.manual_seed(8)
+    model = Tied().double()
+    cap = PerExampleCapture(model, max_grad_norm=1.0, self_check=False)
+    try:
+        for _ in range(3):  # not only on the checked steps
+            x, y = torch.randn(5, 4, dtype=torch.float64), torch.randint(0, 3, (5,))
+            nn.functional.cross_entropy(model(x), y).backward()
+            with pytest.raises(UnsupportedModelError, match=r"'fc\.weight' received a gradient"):
+                cap.pop_clipped_sum()
+    finally:
+        cap.remove()

@@ -259,8 +259,9 @@ def test_a_backward_outside_the_analysis_is_refused_at_the_step() -> None:
     model = _mlp().double()
     cap = PerExampleCapture(model, max_grad_norm=1.0)
     x, y = _class_data()
+    x.requires_grad_(True)
     loss = F.cross_entropy(model(x), y)
-    torch.autograd.grad(loss.as_subclass(torch.Tensor), list(model.parameters()))
+    torch.autograd.grad(loss, [x])  # e.g. an input-gradient attack or saliency map
     with pytest.raises(UnsupportedLossError, match="without going through"):
         cap.pop_clipped_sum()
     cap.remove()

@@ -59,7 +59,14 @@ from torch.autograd.graph import get_gradient_edge
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from renyi._validation import fail
-from renyi.dpsgd.clipping import ClippedGradientEngine, Clipping, Mode, _Recording, _sq_norms
+from renyi.dpsgd.clipping import (
+    ClippedGradientEngine,
+    Clipping,
+    Mode,
+    _Recording,
+    _sq_norms,
+    is_engine_running,
+)
 from renyi.dpsgd.grad_sample import UnsupportedModelError
 from renyi.dpsgd.independence import CheckSchedule
 from renyi.dpsgd.layout import LayoutError, input_batch_dim
@@ -186,9 +193,11 @@ class _Pending:
 
     def begin_seeded(self) -> None:
         self.rec.seeding = True
+        self.capture._mark_grads()
 
     def end_seeded(self) -> None:
         self.rec.seeding = False
+        self.capture._check_grads()
 
     def begin_probe(self) -> None:
         self.rec.probing = True
@@ -257,6 +266,14 @@ class PerExampleCapture:
         #: Forward passes (with a backward) in the sums of the last :meth:`pop_clipped_sum`.
         self.last_forwards = 0
         self._probe_schedule = CheckSchedule(budget=check_budget)
+        self._marks: list[tuple[str, Tensor, Tensor | None, int]] = []
+        detached = {
+            f"{n}.{p}" if n else p
+            for n, lay in self.engine._layers.items()
+            if lay.kind in ("ghost", "decomposed")
+            for p in lay.local
+        }
+        self._detached_params = [(n, p) for n, p in self.engine._params.items() if n in detached]
         self._cm = self.engine._recording(hooks=True)
         self._holder = self._cm.__enter__()
         self._holder[0].active = False
@@ -353,7 +370,7 @@ class PerExampleCapture:
 
     # ------------------------------------------------------------------ hooks
     def _before(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self._busy or not torch.is_grad_enabled():
+        if self._busy or not torch.is_grad_enabled() or is_engine_running():
             return
         self._finish_pending()
         leaves = tree_flatten((args, kwargs))[0]
@@ -382,6 +399,36 @@ class PerExampleCapture:
         return _map_outputs(output, _traced)
 
     # ------------------------------------------------------------------ internals
+    def _mark_grads(self) -> None:
+        """Before the seeded backward: the ``.grad`` of every parameter whose layer runs on
+        detached parameters (no gradient may reach them)."""
+        self._marks = [
+            (name, p, p.grad, -1 if p.grad is None else p.grad._version)
+            for name, p in self._detached_params
+        ]
+
+    def _check_grads(self) -> None:
+        """After the seeded backward: a parameter of a detached layer that received a
+        gradient is used outside its layer's forward (tied weights, a parameter used in a
+        parent's forward): its per-example gradient would be missed, so the step is refused.
+        Then every trainable parameter without ``.grad`` gets a zero one (what the user's
+        backward contributes to the non-private gradient: the update comes from the clipped
+        sums at ``step()``; ``torch.amp.GradScaler`` needs gradients to check)."""
+        for name, p, before, version in self._marks:
+            after = p.grad
+            if after is not before or (after is not None and after._version != version):
+                self._error = UnsupportedModelError(
+                    f"parameter {name!r} received a gradient from outside the forward of its "
+                    "module (it is used elsewhere too: tied weights, or a parent's forward "
+                    "using it directly); its per-example gradient would be incomplete. Use "
+                    "mode='vmap' (whole-model per-example gradients); nothing was released"
+                )
+                break
+        self._marks = []
+        for p in self.engine._params.values():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+
     def _probe_due(self) -> bool:
         return self.engine.self_check and self._probe_schedule.due()
 

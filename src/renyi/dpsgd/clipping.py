@@ -51,7 +51,9 @@ from renyi.dpsgd.ghost import (
     LayerGrads,
     LinearMapGrads,
     PerExampleGrads,
+    anchored,
     compute_dtype,
+    detached_forward,
     ghost_layer_grads,
     supports_ghost,
 )
@@ -162,7 +164,9 @@ class _Recording:
             n: [] for n, lay in layers.items() if lay.kind != "decomposed"
         }
         self.recorders = {
-            n: Recorder(self.register) for n, lay in layers.items() if lay.kind == "decomposed"
+            n: Recorder(self.register, detach_params=hooks)
+            for n, lay in layers.items()
+            if lay.kind == "decomposed"
         }
         self.versions: list[tuple[str, Tensor, int]] = []
         self.edges: list[GradientEdge] = []
@@ -534,6 +538,12 @@ class ClippedGradientEngine:
         self, inputs: Inputs, targets: Tensor, batch: int
     ) -> tuple[dict[str, tuple[_Layer | None, LayerGrads]], Tensor, dict[str, Tensor]]:
         """Per-layer gradient information, losses and per-parameter squared norms."""
+        with engine_running():
+            return self._per_example_now(inputs, targets, batch)
+
+    def _per_example_now(
+        self, inputs: Inputs, targets: Tensor, batch: int
+    ) -> tuple[dict[str, tuple[_Layer | None, LayerGrads]], Tensor, dict[str, Tensor]]:
         by_layer: dict[str, tuple[_Layer | None, LayerGrads]] = {}
         start = time.perf_counter()
         try:
@@ -629,6 +639,22 @@ class ClippedGradientEngine:
 
             return forward
 
+        def make_ghost_forward(name: str, lay: _Layer) -> Callable[..., Any]:
+            # capture path: the user's backward forms no weight gradient for this layer
+            module, hook = lay.module, make_hook(name)
+            fn = detached_forward(module)
+            anchor = getattr(module, lay.local[0])
+
+            def forward(*args: Any, **kwargs: Any) -> Any:
+                if not holder[0].active or len(args) + len(kwargs) != 1:
+                    return type(module).forward(module, *args, **kwargs)
+                x = args[0] if args else next(iter(kwargs.values()))
+                out = anchored(fn, anchor, x)
+                hook(module, args, kwargs, out)
+                return out
+
+            return forward
+
         handles = []
         patched: list[tuple[nn.Module, Any]] = []
         try:
@@ -636,6 +662,9 @@ class ClippedGradientEngine:
                 if lay.kind == "decomposed":
                     patched.append((lay.module, lay.module.__dict__.get("forward")))
                     lay.module.forward = make_forward(name, lay.module)  # type: ignore[method-assign]
+                elif hooks and lay.kind == "ghost":
+                    patched.append((lay.module, lay.module.__dict__.get("forward")))
+                    lay.module.forward = make_ghost_forward(name, lay)  # type: ignore[method-assign]
                 else:
                     handles.append(
                         lay.module.register_forward_hook(make_hook(name), with_kwargs=True)
@@ -756,7 +785,8 @@ class ClippedGradientEngine:
     def _self_check(self, inputs: Inputs, targets: Tensor, batch: int) -> None:
         """The independence check (see the class docstring and
         :func:`renyi.dpsgd.independence.run_check`)."""
-        run_check(self, inputs, targets, batch)
+        with engine_running():
+            run_check(self, inputs, targets, batch)
 
 
 def _require_batch_first(
@@ -786,6 +816,26 @@ def _require_batch_first(
 
 #: Layers whose dimension 1 is channels: their batch is dimension 0.
 _CHANNELS_FIRST: tuple[type[nn.Module], ...] = (nn.modules.conv._ConvNd, nn.GroupNorm)
+
+
+#: How many engine computations (own forward/backward passes, checks) are running: a
+#: backward capture on the same model ignores the forward passes they make.
+_RUNNING = [0]
+
+
+@contextmanager
+def engine_running() -> Iterator[None]:
+    """Mark an engine's own forward and backward passes (see :func:`is_engine_running`)."""
+    _RUNNING[0] += 1
+    try:
+        yield
+    finally:
+        _RUNNING[0] -= 1
+
+
+def is_engine_running() -> bool:
+    """Whether a clipping engine is running its own passes (captures then stand aside)."""
+    return _RUNNING[0] > 0
 
 
 @contextmanager

@@ -73,10 +73,15 @@ class Recorder:
     ``calls[key]`` lists ``(input, slot)`` per call, inputs detached and batch-first.
     """
 
-    def __init__(self, register: Callable[[Tensor], int | None]) -> None:
+    def __init__(
+        self, register: Callable[[Tensor], int | None], detach_params: bool = False
+    ) -> None:
         self.register = register
         self.calls: dict[LinearKey, list[tuple[Tensor, int | None]]] = {}
         self.last_slot: int | None = None
+        #: the capture path: the maps run on detached parameters (no weight gradient is
+        #: formed by the user's backward; the output gradients are all the engine needs)
+        self.detach_params = detach_params
 
     def linear(
         self,
@@ -85,7 +90,14 @@ class Recorder:
         bias: Tensor | None,
         key: LinearKey,
     ) -> Tensor:
-        y = F.linear(x, weight, bias)
+        if self.detach_params:
+            from renyi.dpsgd.ghost import anchored
+
+            wd = weight.detach()
+            bd = None if bias is None else bias.detach()
+            y = anchored(lambda t: F.linear(t, wd, bd), weight, x)
+        else:
+            y = F.linear(x, weight, bias)
         slot = self.register(y) if y.requires_grad else None
         self.calls.setdefault(key, []).append((x.detach(), slot))
         self.last_slot = slot

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -63,7 +63,9 @@ __all__ = [
     "LayerGrads",
     "LinearMapGrads",
     "PerExampleGrads",
+    "anchored",
     "compute_dtype",
+    "detached_forward",
     "ghost_layer_grads",
     "supports_ghost",
     "upcast",
@@ -102,6 +104,68 @@ def supports_ghost(module: nn.Module) -> bool:
         if isinstance(module, kind):
             return type(module).forward is kind.forward
     return False
+
+
+def detached_forward(module: nn.Module) -> Callable[[Tensor], Tensor]:
+    """The forward of a ghost layer (:func:`supports_ghost`) with its parameters detached.
+
+    Same values and kernels as ``module(x)`` (autocast included), but autograd computes no
+    gradient for the parameters: on the backward-capture path their per-example gradients
+    come from the layer's input and output gradient, so the weight gradient of the user's
+    backward would be thrown away (Bu et al. 2023's book-keeping needs only the output
+    gradients). Only the input gradient is back-propagated.
+    """
+
+    def d(p: Tensor | None) -> Tensor | None:
+        return None if p is None else p.detach()
+
+    if isinstance(module, nn.Linear):
+        return lambda x: F.linear(x, d(module.weight), d(module.bias))  # type: ignore[arg-type]
+    if isinstance(module, nn.Conv1d | nn.Conv2d):
+        return lambda x: module._conv_forward(x, d(module.weight), d(module.bias))  # type: ignore[arg-type]
+    if isinstance(module, nn.Embedding):
+        return lambda x: F.embedding(
+            x,
+            d(module.weight),  # type: ignore[arg-type]
+            module.padding_idx,
+            module.max_norm,
+            module.norm_type,
+            module.scale_grad_by_freq,
+            module.sparse,
+        )
+    if isinstance(module, nn.LayerNorm):
+        return lambda x: F.layer_norm(
+            x, module.normalized_shape, d(module.weight), d(module.bias), module.eps
+        )
+    if isinstance(module, nn.GroupNorm):
+        return lambda x: F.group_norm(
+            x, module.num_groups, d(module.weight), d(module.bias), module.eps
+        )
+    raise UnsupportedModelError(f"layer {type(module).__name__} has no ghost-norm rule")
+
+
+class _Anchored(torch.autograd.Function):
+    """A layer output computed from inputs that need no gradient and detached parameters,
+    attached to the graph through a trainable ``anchor`` (so that the gradient at the output
+    is computed and delivered to the hooks on it); nothing flows back from it."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: Tensor, fn: Callable[..., Tensor], *args: Any) -> Tensor:  # type: ignore[override]
+        ctx.count = len(args)
+        return fn(*args)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> tuple[None, ...]:  # type: ignore[override]
+        return (None,) * (2 + ctx.count)
+
+
+def anchored(fn: Callable[..., Tensor], anchor: Tensor, *args: Any) -> Tensor:
+    """``fn(*args)``, part of the autograd graph through ``anchor`` when no argument requires
+    grad (see :class:`_Anchored`), else ``fn(*args)`` as is."""
+    if any(isinstance(a, Tensor) and a.requires_grad for a in args) or not torch.is_grad_enabled():
+        return fn(*args)
+    out: Tensor = _Anchored.apply(anchor, fn, *args)
+    return out
 
 
 #: Below this a float32 norm may have lost digits to underflow: recomputed in float64.
