@@ -217,3 +217,35 @@ def test_a_parameter_used_outside_its_module_is_refused_at_every_step() -> None:
                 cap.pop_clipped_sum()
     finally:
         cap.remove()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["before make_private", "after make_private"])
+def test_torch_compile_gives_the_same_clipped_sums(where: str) -> None:
+    """``torch.compile`` around the model or around the capture's module: dynamo falls back
+    to eager code around the capture's hooks (graph breaks), and the sums are the uncompiled
+    ones (about 25 s of compilation: slow suite)."""
+
+    def make() -> nn.Module:
+        torch.manual_seed(9)
+        return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+
+    x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+
+    def sums(root: nn.Module, compile_after: bool) -> dict[str, Tensor]:
+        cap = PerExampleCapture(root, max_grad_norm=0.1)
+        try:
+            call = torch.compile(root) if compile_after else root
+            nn.functional.cross_entropy(call(x), y).backward()
+            return {k.removeprefix("_orig_mod."): v for k, v in cap.pop_clipped_sum()[0].items()}
+        finally:
+            cap.remove()
+
+    want = sums(make(), False)
+    if where == "before make_private":
+        got = sums(torch.compile(make()), False)  # type: ignore[arg-type]
+    else:
+        got = sums(make(), True)
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert torch.allclose(got[k], want[k], atol=1e-7), k

@@ -384,19 +384,29 @@ def _linear_from(
     return _OuterProductGrads(a, b, torch.Size([o, d]), names)
 
 
+def _per_example_fits(t: int, d: int, o: int) -> bool:
+    """Whether a sequence map's per-example weight gradients (``B d o`` numbers) are at most
+    twice the size of its inputs and output gradients (``B T (d + o)``), which the engine
+    holds anyway: then they are formed, once (one batched product, as many multiply-adds as
+    the clipped sum's ``[o, BT] x [BT, d]`` product), and give both the norms and the clipped
+    sum (a ``B``-term weighted sum). Else Gram matrices (Li et al. 2022) give the norms in
+    ``B T^2 (d + o)`` and the clipped sum is the full product: less memory, more work."""
+    return d * o <= 2 * t * (d + o)
+
+
 class _SeqLinearGrads:
     """An affine map on sequences, batch-first ``a``: ``[B, T, d]``, ``b``: ``[B, T, o]``
     (contiguous): example ``i``'s weight gradient is ``b_i^T a_i``, its bias gradient
-    ``sum_t b_it``. The same algebra as :class:`_OuterProductGrads` (Gram matrices under
-    Bu et al.'s rule ``2 T^2 < d o``, else this layer's per-example gradient) in the layout the
-    layer produced, so that the clipped sum is one ``[o, BT] x [BT, d]`` product without
-    copies."""
+    ``sum_t b_it``. Per-example gradients when they are small enough (``_per_example_fits``),
+    else Gram matrices, in the layout the layer produced, so that the clipped sum is one
+    ``[o, BT] x [BT, d]`` product without copies."""
 
     def __init__(self, a: Tensor, b: Tensor, names: Sequence[str]) -> None:
         self.a, self.b = a, b
         self.names = tuple(names)
         t, d, o = a.shape[1], a.shape[2], b.shape[2]
-        self.use_gram = 2 * t * t < d * o
+        self.use_gram = not _per_example_fits(t, d, o)
+        self.per_example: Tensor | None = None
 
     def sq_norms(self) -> dict[str, Tensor]:
         res: dict[str, Tensor] = {}
@@ -408,7 +418,8 @@ class _SeqLinearGrads:
                 prod = ga.double() * gb.double()  # (a.a)(b.b) may exceed the float32 range
                 res["weight"] = prod.sum(dim=(1, 2)).clamp_min(0.0)
             else:
-                res["weight"] = _sq(torch.bmm(b.transpose(1, 2), a), (1, 2))
+                self.per_example = torch.bmm(b.transpose(1, 2), a)  # [B, o, d]
+                res["weight"] = _sq(self.per_example, (1, 2))
         if "bias" in self.names:
             res["bias"] = _sq(b.sum(dim=1), (1,))
         return res
@@ -419,7 +430,9 @@ class _SeqLinearGrads:
         o, d = b.shape[2], a.shape[2]
         if "weight" in self.names:
             w = weights["weight"].to(b.dtype)[:, None, None]
-            if d < o:
+            if self.per_example is not None:
+                res["weight"] = torch.tensordot(w.reshape(-1), self.per_example, dims=([0], [0]))
+            elif d < o:
                 res["weight"] = torch.mm(b.reshape(-1, o).t(), (a * w).reshape(-1, d))
             else:
                 res["weight"] = torch.mm((b * w).reshape(-1, o).t(), a.reshape(-1, d))
