@@ -242,3 +242,13 @@ def test_half_precision_tensors_release_the_same_bytes_on_both_paths(kind, name,
     assert a.dtype == b.dtype == dtype
     assert a.view(torch.int16).tolist() == b.view(torch.int16).tolist()
     assert bool(torch.isfinite(a).all()) and not bool(((a == 0) & a.signbit()).any())
+
+
+def test_gaussian_integers_are_the_indices_of_the_pure_noise_release():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureRandomnessWarning)
+        k, g = noise.gaussian_integers((40, 25), 2.0, rng=np.random.default_rng(3))
+        y = noise.gaussian_noise((40, 25), 2.0, rng=np.random.default_rng(3))
+    assert k.dtype == np.int64 and k.shape == (40, 25) and g == noise.lattice_step(2.0)
+    assert np.array_equal(k * g, y)
+    assert abs(float(np.std(k * g)) - 2.0) < 0.2

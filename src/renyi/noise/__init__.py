@@ -57,6 +57,7 @@ import sys
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from renyi._validation import check_int, check_nonnegative, fail
 from renyi.noise import _chacha, _exact, _fused, _kernel
@@ -75,6 +76,7 @@ __all__ = [
     "CounterNoise",
     "accounting_slack",
     "gaussian",
+    "gaussian_integers",
     "gaussian_noise",
     "implementation_slack",
     "laplace",
@@ -887,6 +889,29 @@ def gaussian_noise(
     else:
         zeros = np.zeros(shp, dtype=np.float64)
     return gaussian(zeros, sigma, rng=rng, allow_predictable_noise=allow_predictable_noise)
+
+
+def gaussian_integers(
+    shape: int | tuple[int, ...],
+    sigma: float,
+    *,
+    rng: Any = None,
+    allow_predictable_noise: bool = False,
+) -> tuple[NDArray[np.int64], float]:
+    """``(K, g)``: the lattice indices of a released pure-noise array and the step, for
+    multi-party sums on one integer lattice (``K g`` is :func:`gaussian_noise`, exactly).
+
+    ``K`` is ``round(s Z)`` with ``s = sigma / g`` in ``[8, 16)``: integer noise whose
+    release ``g K`` is the Gaussian mechanism rounded to ``g Z`` (same analysis as
+    :func:`gaussian`). int64, the indices are far below ``2**53``.
+
+    >>> k, g = gaussian_integers(4, 1.0)
+    >>> k.dtype, g
+    (dtype('int64'), 0.125)
+    """
+    g = lattice_step(_check_scale("sigma", sigma))
+    y = gaussian_noise(shape, sigma, rng=rng, allow_predictable_noise=allow_predictable_noise)
+    return (np.asarray(y, dtype=np.float64) / g).astype(np.int64), g
 
 
 # ------------------------------------------------------------------------- counter noise
