@@ -405,3 +405,95 @@ def test_opacus_loop_with_the_models_own_loss_is_sound_or_refused(
         part = clipped([i for i in range(6) if i != j])
         diff = math.sqrt(sum(float((full[k] - part[k]).double().pow(2).sum()) for k in full))
         assert diff <= clip * (1 + 1e-5), (family, j, diff / clip)
+
+
+def test_dptrainer_equals_the_privacy_engine_loop_bit_for_bit(tmp_path: Path) -> None:
+    """The same LoRA classifier, data, optimizer (AdamW, constant lr), Poisson rate, σ, C and
+    seeded source: DPTrainer and ``PrivacyEngine`` + ``loss.backward(); optimizer.step()``
+    draw the same batches and noise and end with identical adapters."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from renyi.dpsgd import PrivacyEngine
+
+    g = torch.Generator().manual_seed(0)
+    n, seq, vocab = 64, 12, 50
+    ids = torch.randint(1, vocab, (n, seq), generator=g)
+    mask = (torch.arange(seq) < (4 + torch.arange(n) % 8).unsqueeze(1)).long()
+    ids = ids * mask  # right padding with token 0
+    labels = torch.randint(0, 3, (n,), generator=g)
+
+    def model() -> nn.Module:
+        config = transformers.GPT2Config(
+            vocab_size=vocab,
+            n_positions=seq,
+            n_embd=16,
+            n_layer=2,
+            n_head=2,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            pad_token_id=0,
+            num_labels=3,
+        )
+        torch.manual_seed(0)
+        lora = peft.LoraConfig(
+            r=4, target_modules=["c_attn"], fan_in_fan_out=True, task_type="SEQ_CLS"
+        )
+        return peft.get_peft_model(transformers.GPT2ForSequenceClassification(config), lora)
+
+    class Classifier(nn.Module):
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.inner(input_ids=x, attention_mask=m).logits
+            return out
+
+    engine_model = model()
+    wrapped = Classifier(engine_model)
+    trainable = [p for p in wrapped.parameters() if p.requires_grad]
+    module, optimizer, loader = PrivacyEngine(accountant="rdp").make_private(
+        module=wrapped,
+        optimizer=torch.optim.AdamW(trainable, lr=1e-2, weight_decay=0.0),
+        data_loader=DataLoader(TensorDataset(ids, mask, labels), batch_size=BATCH),
+        noise_multiplier=0.8,
+        max_grad_norm=1.0,
+        seed=0,
+        epochs=1,
+    )
+    for x, m, y in loader:
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(module(x, m), y).backward()
+        optimizer.step()
+
+    trainer_model = model()
+    rows = [{"input_ids": ids[i], "attention_mask": mask[i], "labels": labels[i]} for i in range(n)]
+    args = _args(
+        tmp_path,
+        max_steps=-1,
+        num_train_epochs=1,
+        learning_rate=1e-2,
+        weight_decay=0.0,
+        lr_scheduler_type="constant",
+        optim="adamw_torch",
+    )
+    trainer = DPTrainer(
+        model=trainer_model,
+        args=args,
+        train_dataset=rows,
+        noise_multiplier=0.8,
+        target_delta=1e-5,
+        max_grad_norm=1.0,
+        accountant="rdp",
+        noise_seed=0,
+    )
+    trainer.train()
+    assert trainer.dp_optimizer is not None
+    assert trainer.dp_optimizer.steps_taken == optimizer.steps_taken == n // BATCH
+    # (the trainer composed its steps one log at a time: the same ε up to rounding)
+    assert trainer.epsilon() == pytest.approx(optimizer.epsilon(1e-5).epsilon, rel=1e-12)
+    for (name, a), (_, b) in zip(
+        engine_model.named_parameters(), trainer_model.named_parameters(), strict=True
+    ):
+        assert torch.equal(a, b), name
