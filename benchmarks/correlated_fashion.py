@@ -8,8 +8,10 @@ Papernot & Steinke 2022, priced by RDP as ``renyi tune`` does) costs ε at δ = 
 same drawn learning rates for every method of a seed). Reported: test accuracy (the other
 half of the test split) of the tuned model, mean ± std over seeds.
 
-Methods (all through ``make_private_correlated``, i.e. the user path; the per-example clipped
-sums come from a closed-form engine for softmax regression, the only non-default part):
+Methods (``--engine torch``: all through ``make_private_correlated``, i.e. the user path, the
+per-example clipped sums from a closed-form engine for softmax regression; ``--engine fast``,
+the default: the same plans, samplers' schemes and noise filters in numpy, without the
+lattice release — ~10× cheaper on this shared CPU, checked against the torch path):
 
 * ``dpsgd`` (Poisson) and ``dpsgd-bib`` (balls in bins, ``n // B`` batches per epoch);
 * ``banded`` (amplified cyclic Poisson) and ``banded-bib`` (cyclic random allocation) with
@@ -233,6 +235,91 @@ def _train_once(
     return evaluate(model, val)[1], evaluate(model, test)[1], float(private.epsilon().epsilon)
 
 
+def _train_fast(
+    spec: dict[str, Any], data: Any, lr: float, seed: int, epochs: int, batch: int
+) -> tuple[float, float, float]:
+    """The same training as :func:`_train_once` in numpy (``--engine fast``): the same plan
+    (σ, sensitivity, partitions, rounds), the same sampling *scheme* (cyclic Poisson / cyclic
+    random allocation, drawn by a seeded numpy Generator), renyi's streaming noise filter,
+    SGD with momentum and cosine decay; the noise is NOT released on renyi.noise's lattice
+    (raw float64 normals): an experiment path, about 10× faster, never a private release."""
+    from renyi.correlated.streaming import streaming_noise
+
+    train, val, test = data
+    x = np.concatenate([train.tensors[0].numpy(), np.ones((len(train), 1), np.float32)], 1)
+    y = train.tensors[1].numpy()
+    n, d = x.shape
+    classes = int(y.max()) + 1
+    plan = spec["plan"]
+    steps = plan.steps
+    rng = np.random.default_rng(seed)
+    b = plan.partitions
+    part = rng.integers(0, b, size=n) if b > 1 else np.zeros(n, dtype=np.int64)
+    members = [np.flatnonzero(part == i) for i in range(b)]
+    xnorm = np.sqrt((x.astype(np.float64) ** 2).sum(1)).astype(np.float32)
+    w = np.zeros((d, classes), dtype=np.float32)
+    buf = np.zeros((d, classes))
+    noise = streaming_noise(spec["strategy"])
+    std = plan.noise_scale  # σ · sens, clip 1
+    allocation = plan.sampling == "random-allocation"
+    m = plan.rounds_per_epoch
+    divisor = (n / (m * b)) if allocation else plan.sample_rate * n / b
+    decay = _cosine(steps)
+    epoch_batches: list[np.ndarray] = []
+    for t in range(steps):
+        if allocation:
+            j = t % (m * b)
+            if j == 0:
+                slot = rng.integers(0, m, size=n) * b + part
+                order = np.argsort(slot, kind="stable")
+                epoch_batches = np.split(order, np.cumsum(np.bincount(slot, minlength=m * b))[:-1])
+            idx = epoch_batches[j]
+        else:
+            pool = members[t % b]
+            idx = pool[rng.random(pool.size) < plan.sample_rate]
+        xb = x[idx]  # float32 arithmetic for the gradient (an experiment path)
+        logits = xb @ w
+        logits -= logits.max(1, keepdims=True)
+        p = np.exp(logits)
+        p /= p.sum(1, keepdims=True)
+        p[np.arange(idx.size), y[idx]] -= 1.0
+        norms = np.sqrt((p * p).sum(1)) * xnorm[idx]
+        p *= np.minimum(1.0, 1.0 / np.maximum(norms, 1e-12))[:, None]
+        g = (xb.T @ p).astype(np.float64)
+        g += std * noise.next(rng.standard_normal(d * classes)).reshape(d, classes)
+        g /= divisor
+        buf *= MOMENTUM
+        buf += g
+        w -= (lr * decay[t] * buf).astype(np.float32)
+
+    def acc(ds: Any) -> float:
+        xs = ds.tensors[0].numpy().astype(np.float64)
+        pred = (xs @ w[:-1] + w[-1]).argmax(1)
+        return float((pred == ds.tensors[1].numpy()).mean())
+
+    return acc(val), acc(test), math.nan
+
+
+def crossover(n: int, batch: int, epochs_list: list[int], epsilons: list[float]) -> None:
+    """Best banded score / DP-SGD's (calibrated noise in the iterates, one run, RDP) against
+    the run length: where correlation can pay (docs/correlated.md)."""
+    from renyi.correlated.choice import choose_strategy
+
+    for eps in epsilons:
+        for epochs in epochs_list:
+            steps = epochs * (n // batch)
+            c = choose_strategy(
+                eps, DELTA, steps, n, batch, kinds=("dpsgd", "banded"), bands=(2, 4, 8, 16, 32),
+                momentum=MOMENTUM, learning_rates=_cosine(steps), accountant="rdp",
+            )  # fmt: skip
+            best = min((x for x in c.candidates if x.noise == "banded"), key=lambda x: x.score)
+            print(json.dumps({
+                "epsilon": eps, "epochs": epochs, "steps": steps, "dpsgd": c.dpsgd.score,
+                "best_banded": best.score, "bands": best.plan.partitions,
+                "ratio": best.score / c.dpsgd.score, "pick": c.best.noise,
+            }), flush=True)  # fmt: skip
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dataset", choices=("fashion", "text"), default="fashion")
@@ -244,7 +331,20 @@ def main() -> int:
     p.add_argument("--methods", nargs="+", help="run only these (default: all)")
     p.add_argument("--out", help="append one JSON line per (epsilon, seed, method)")
     p.add_argument("--plan-only", action="store_true", help="print σ and scores, no training")
+    p.add_argument(
+        "--engine", choices=("fast", "torch"), default="fast",
+        help="fast: numpy training on the same plans (no lattice release); torch: the user "
+        "path, make_private_correlated (about 10x slower)",
+    )  # fmt: skip
+    p.add_argument("--crossover", type=int, nargs="*", help="epochs: the score ratio only")
+    p.add_argument("--table", help="print the markdown table of an --out file and exit")
     args = p.parse_args()
+    if args.table:
+        print(table(args.table))
+        return 0
+    if args.crossover:
+        crossover(60_000, args.batch, args.crossover, args.epsilons)
+        return 0
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     from renyi.calibration import epochs_to_steps
@@ -289,8 +389,9 @@ def main() -> int:
                 spec = specs[alias.get(method, method)]
                 started = time.process_time()
                 counter = iter(range(10_000))
+                trainer = _train_fast if args.engine == "fast" else _train_once
                 result = tune(
-                    lambda cfg, s=spec, seed=seed, counter=counter: _train_once(
+                    lambda cfg, s=spec, seed=seed, counter=counter, trainer=trainer: trainer(
                         s, data, cfg["lr"], 1000 * seed + next(counter), args.epochs, args.batch
                     ),
                     [{"lr": lr} for lr in LRS],
@@ -308,7 +409,8 @@ def main() -> int:
                     "lr": None if best is None else best.config["lr"],
                     "val": None if best is None else best.score,
                     "test": None if best is None else best.output,
-                    "cpu_s": time.process_time() - started,
+                    "cpu_s": time.process_time() - started, "engine": args.engine,
+                    "epochs": args.epochs, "batch": args.batch,
                 }  # fmt: skip
                 print(json.dumps(row), flush=True)
                 if args.out:
@@ -321,6 +423,32 @@ def _run_event(spec: dict[str, Any]) -> Any:
     from renyi.analysis.events import SelfComposedEvent
 
     return SelfComposedEvent(spec["plan"].step_event, spec["plan"].charges)
+
+
+def table(path: str) -> str:
+    """The markdown table of docs/correlated.md and the README from ``--out`` lines."""
+    rows = [json.loads(line) for line in open(path)]
+    order = ["dpsgd", "dpsgd-bib", "banded", "banded-bib", "blt", "tree"]
+    out = ["| ε | " + " | ".join(order) + " | default (`auto`) |", "|---:" * 8 + "|"]
+    for eps in sorted({r["epsilon"] for r in rows}):
+        cells = []
+        by = {m: [r for r in rows if r["epsilon"] == eps and r["method"] == m] for m in order}
+        for m in order:
+            acc = [100 * r["test"] for r in by[m] if r["test"] is not None]
+            if not acc:
+                cells.append("—")
+                continue
+            sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
+            tag = f" ({by[m][0]['label'].replace('banded', 'b=').replace('-bib', '')})" if (
+                m.startswith("banded")) else ""  # fmt: skip
+            cells.append(f"{statistics.mean(acc):.2f} ± {sd:.2f}{tag}")
+        pick = by["dpsgd"][0]["auto"] if by["dpsgd"] else None
+        auto = "—"
+        if pick is not None:
+            src = "banded" if pick.startswith("banded") else pick
+            auto = f"{pick} = {cells[order.index(src)].split(' (')[0]}"
+        out.append(f"| {eps:g} | " + " | ".join(cells) + f" | {auto} |")
+    return "\n".join(out)
 
 
 def summarise(path: str) -> list[dict[str, Any]]:
