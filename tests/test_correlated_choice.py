@@ -100,3 +100,18 @@ def test_short_run_every_strategy(noise, sampling):
     assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
     if noise == "auto":
         assert private.extra["choice"] is not None and private.extra["choice"].reason
+
+
+def test_cli_train_noise_auto_with_balls_in_bins(capsys):
+    import json
+
+    from renyi.cli.main import main
+
+    argv = ["train", "--noise", "auto", "--sampling", "random-allocation", "--epsilon", "3"]
+    argv += ["--epochs", "1", "--limit", "400", "--json", "--no-baseline", "--seed", "0"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["epsilon"] <= 3.0 + 1e-9
+    assert out["noise"]["sampling"] == "random-allocation" and out["noise"]["chosen_by"]
+    assert main(["train", "--noise", "banded", "--sampling", "shuffle", "--epsilon", "3"]) == 2
+    assert "--sampling" in capsys.readouterr().err
