@@ -142,3 +142,22 @@ def test_scripted_driver_turns_errors_into_aborts() -> None:
     assert out == Outcome("aborted", {"reason": "PrivacyParameterError: sigma: expected > 0"})
     with pytest.raises(PrivacyParameterError, match="phase"):
         Round("", {})
+
+
+def test_toml_values_of_node_configs() -> None:
+    """numpy scalars are written as plain TOML numbers (repr gave "np.float64(1.2)", which
+    Flower's --node-config parser refused, so every node of a deployment died at start)."""
+    from flwr.common.config import parse_config_args
+
+    from renyi.federated.flower_deploy import toml_value
+
+    cfg = {"a": np.float64(1.2), "b": np.int64(3), "c": np.bool_(True), "d": 1e-5}
+    cfg |= {"e": 'x "y"', "f": "/tmp/a b\\c"}
+    line = " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())
+    assert parse_config_args([line]) == {
+        k: (v.item() if hasattr(v, "item") else v) for k, v in cfg.items()
+    }
+    with pytest.raises(PrivacyParameterError, match="finite"):
+        toml_value(float("inf"))
+    with pytest.raises(PrivacyParameterError, match="quote"):
+        toml_value('it\'s "quoted"')

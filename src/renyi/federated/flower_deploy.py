@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -50,11 +51,22 @@ class DeploymentError(RenyiError):
 
 def toml_value(value: Any) -> str:
     """``value`` as a TOML literal (``--node-config`` and ``[tool.flwr.app.config]`` syntax)."""
+    if hasattr(value, "item") and not isinstance(value, str | bytes):
+        value = value.item()  # numpy scalars: repr(np.float64(1.5)) is "np.float64(1.5)"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    return json.dumps(str(value))
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise fail("node_config", value, "finite numbers (TOML has no portable inf/nan)")
+        return repr(float(value))
+    text = str(value)
+    if '"' not in text:
+        return json.dumps(text)
+    if "'" not in text and "\n" not in text:
+        return f"'{text}'"  # a TOML literal string
+    raise fail("node_config", text, "a string without both quote characters (Flower's syntax)")
 
 
 def _free_port() -> int:
@@ -285,6 +297,10 @@ class LocalDeployment:
                             "the ServerApp exited without writing its result; SuperLink log"
                             f" tail: {self._log_tail('superlink.log')}"
                         )
+            if all(p.poll() is not None for p in self.nodes) and not result.exists():
+                raise DeploymentError(
+                    f"every node exited; node-000 log tail: {self._log_tail('node-000.log')}"
+                )
             if status.exists() and on_status is not None:
                 lines = status.read_text().splitlines()
                 for line in lines[seen:]:

@@ -183,7 +183,7 @@ def _policy(node: Mapping[str, Any]) -> PartyPolicy:
 def _budget(node: Mapping[str, Any]) -> Budget:
     """The party's one budget for the node's life (and across restarts with a ledger)."""
     ledger = str(node.get("ledger-file", ""))
-    key = (str(node["name"]), ledger)
+    key = (str(node["key-file"]), ledger)  # one party (its key file) and its ledger
     if key not in _BUDGETS:
         _BUDGETS[key] = Budget(
             epsilon=float(node["budget-epsilon"]),
