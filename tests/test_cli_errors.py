@@ -188,3 +188,38 @@ def test_train_warns_when_the_private_model_is_no_better_than_chance(capsys):
     no_better = d["private_accuracy"] <= chance + 2 * (chance * (1 - chance) / n) ** 0.5
     assert no_better == ("renyi: warning: the private model is no better than chance" in err)
     assert d["private_accuracy"] < chance + 0.1  # at epsilon = 0.001 it is noise
+
+
+@pytest.mark.parametrize(
+    ("extra", "names"),
+    [
+        (
+            ["--sample-rate", "0.01", "--sampling", "random-allocation", "--steps", "9"],
+            ("--sample-rate", "--sampling random-allocation"),
+        ),
+        (
+            ["--sampling", "poisson", "--max-batch-size", "20", "--steps", "9"],
+            ("--max-batch-size", "--sampling poisson"),
+        ),
+        (
+            ["--max-batch-size", "20", "--sample-rate", "0.01", "--steps", "9"],
+            ("--max-batch-size",),
+        ),
+        (["--steps", "9", "--epochs", "2"], ("--steps", "--epochs")),
+        (["--sample-rate", "0.01", "--epochs", "2"], ("--sample-rate", "--epochs")),
+        (["--sample-rate", "0.01", "--steps", "9", "--dataset-size", "500"], ("--dataset-size",)),
+    ],
+)
+def test_ignored_options_are_refused(capsys, extra, names):
+    """Issue 30: --sample-rate beside --sampling random-allocation, --max-batch-size with
+    Poisson and --steps beside --epochs were ignored silently (epochs won)."""
+    base = ["epsilon", "--noise-multiplier", "1.1", "--delta", "1e-5"]
+    data = ["--dataset-size", "1000", "--batch-size", "10"]
+    if "--dataset-size" in extra:
+        data = []
+    err = _one_line_error(capsys, [*base, *data, *extra])
+    for name in names:
+        assert name in err, err
+    cal = ["calibrate", "--target-epsilon", "1", "--delta", "1e-5", *data]
+    err = _one_line_error(capsys, [*cal, "--steps", "9", "--epochs", "2"])
+    assert "--steps" in err and "--epochs" in err

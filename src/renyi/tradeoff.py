@@ -32,7 +32,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.stats import norm
 
-from renyi._validation import check_delta, fail
+from renyi._validation import check_delta, check_nonnegative, fail
 from renyi.analysis.closed_forms import gaussian_mu
 
 __all__ = [
@@ -79,26 +79,74 @@ class GdpEstimate:
     direction: str
 
 
+def _rates(name: str, value: Any, *, one_d: bool = False) -> FloatArray:
+    """``value`` as an array of rates in ``[0, 1]`` (no NaN), 1-D and non-empty if ``one_d``."""
+    try:
+        a = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise fail(name, value, "rates in [0, 1]") from None
+    if one_d and (a.ndim != 1 or a.size == 0):
+        raise fail(name, value, "a non-empty 1-D array of rates in [0, 1]")
+    if np.any(np.isnan(a)) or np.any((a < 0) | (a > 1)):
+        raise fail(name, value, "rates in [0, 1] (no NaN)")
+    return a
+
+
 def gaussian_tradeoff_tpr(mu: float, fpr: ArrayLike) -> FloatArray:
-    """The exact TPR ``1 - G_μ(α) = Φ(μ - Φ⁻¹(1 - α))`` of μ-GDP (Dong, Roth & Su 2022)."""
-    a = np.asarray(fpr, dtype=np.float64)
-    out: FloatArray = norm.cdf(mu - norm.isf(a))
+    """The exact TPR ``1 - G_μ(α) = Φ(μ - Φ⁻¹(1 - α))`` of μ-GDP (Dong, Roth & Su 2022).
+
+    ``mu >= 0`` (``inf`` allowed: TPR 1 at every FPR > 0); ``fpr`` rates in ``[0, 1]``, any
+    shape (the result has its shape).
+
+    Example::
+
+        >>> float(gaussian_tradeoff_tpr(1.0, 0.05)) > 0.05
+        True
+    """
+    m = check_nonnegative("mu", mu, allow_inf=True)
+    a = _rates("fpr", fpr)
+    if m == math.inf:  # perfectly separable: TPR 1 even at FPR 0
+        return np.ones_like(a)
+    out: FloatArray = norm.cdf(m - norm.isf(a))
     return out
 
 
 def tpr_from_profile(epsilons: ArrayLike, deltas: ArrayLike, fpr: ArrayLike) -> FloatArray:
     """Upper bound on TPR at each ``fpr`` from points ``(ε_i, δ_i)`` of a privacy profile
-    (each an upper bound): ``min_i min(1, δ_i + e^ε_i α, 1 - e^-ε_i (1 - δ_i - α))``."""
-    e = np.asarray(epsilons, dtype=np.float64)[:, None]
-    d = np.minimum(np.asarray(deltas, dtype=np.float64), 1.0)[:, None]
-    a = np.asarray(fpr, dtype=np.float64)[None, :]
-    if np.any(e < 0) or np.any(np.isnan(e)) or np.any(d < 0):
-        raise fail("epsilons", epsilons, "ε >= 0 with δ in [0, 1]")
+    (each an upper bound): ``min_i min(1, δ_i + e^ε_i α, 1 - e^-ε_i (1 - δ_i - α))``.
+
+    ``epsilons`` (``>= 0``, ``inf`` allowed) and ``deltas`` (in ``[0, 1]``) are 1-D arrays of
+    the same length (one δ per ε: nothing is broadcast); ``fpr`` a 1-D array of rates.
+    """
+    try:
+        e1 = np.asarray(epsilons, dtype=np.float64)
+        d1 = np.asarray(deltas, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise fail("epsilons", epsilons, "1-D arrays of ε >= 0 and δ in [0, 1]") from None
+    if e1.ndim != 1 or e1.size == 0 or np.any(np.isnan(e1)) or np.any(e1 < 0):
+        raise fail("epsilons", epsilons, "a non-empty 1-D array of ε >= 0 (no NaN)")
+    if d1.shape != e1.shape:
+        raise fail("deltas", deltas, f"one δ per ε: a 1-D array of length {e1.size}")
+    d1 = _rates("deltas", d1)
+    e, d = e1[:, None], d1[:, None]
+    a = _rates("fpr", fpr, one_d=True)[None, :]
     with np.errstate(over="ignore"):
         first = d + np.exp(e) * a
     second = 1.0 - np.exp(-e) * np.maximum(1.0 - d - a, 0.0)
     out: FloatArray = np.clip(np.minimum(first, second).min(axis=0), 0.0, 1.0)
     return np.maximum(out, np.asarray(fpr, dtype=np.float64))
+
+
+def _check_accountant(accountant: Any) -> None:
+    """An accountant instance (not a name such as ``"pld"``: it must hold the events)."""
+    from renyi.accountants import Accountant
+
+    if not isinstance(accountant, Accountant):
+        raise fail(
+            "accountant",
+            accountant,
+            "an Accountant with the events composed, e.g. PldAccountant().compose(event, steps)",
+        )
 
 
 def _profile(accountant: Any, epsilons: FloatArray) -> FloatArray:
@@ -131,9 +179,8 @@ def _eps_grid(accountant: Any) -> FloatArray:
 def tradeoff_curve(accountant: Any, fpr: ArrayLike | None = None) -> TradeoffCurve:
     """TPR upper bounds of any membership-inference attack at ``fpr`` (default: a grid from
     1e-6 to 1) for what ``accountant`` (PLD or RDP, with events composed) has recorded."""
-    a = np.geomspace(1e-6, 1.0, 200) if fpr is None else np.asarray(fpr, dtype=np.float64)
-    if a.ndim != 1 or a.size == 0 or np.any((a < 0) | (a > 1)) or np.any(np.isnan(a)):
-        raise fail("fpr", fpr, "false-positive rates in [0, 1]")
+    a = np.geomspace(1e-6, 1.0, 200) if fpr is None else _rates("fpr", fpr, one_d=True)
+    _check_accountant(accountant)
     eps = _eps_grid(accountant)
     tpr = tpr_from_profile(eps, _profile(accountant, eps), a)
     return TradeoffCurve(a, tpr, accountant.name)
@@ -146,6 +193,7 @@ def gdp_mu(accountant: Any, delta: float | None = None) -> GdpEstimate:
     estimate of the smallest μ certifying μ-GDP. With ``delta``: the μ whose Gaussian has
     the same ε at that δ (not a bound at other δ).
     """
+    _check_accountant(accountant)
     if delta is not None:
         delta = check_delta(delta)
         eps = float(accountant.epsilon(delta).epsilon)

@@ -145,8 +145,8 @@ def epsilon_report(
     *,
     delta: float,
     noise_multiplier: float | None = None,
-    sample_rate: float = 1.0,
-    steps: int = 1,
+    sample_rate: float | None = None,
+    steps: int | None = None,
     accountants: Sequence[str] | None = None,
     sampling: str | None = None,
     dataset_size: int | None = None,
@@ -161,32 +161,24 @@ def epsilon_report(
     (:func:`renyi.analysis.events.training_event`). Accountants that cannot analyse the event are
     listed with the reason instead of failing the whole report.
 
+    Every argument given is used: one that the chosen form would ignore (``sample_rate`` or
+    ``dataset_size`` without ``sampling``... see below) is refused with a
+    :class:`~renyi.errors.PrivacyParameterError` naming both, never dropped silently:
+
+    * ``event`` fixes everything: no other privacy argument goes with it;
+    * ``sampling`` takes its rate from ``batch_size / dataset_size``: no ``sample_rate``;
+    * without ``sampling`` (Poisson at ``sample_rate``, default 1): no ``dataset_size`` or
+      ``batch_size``.
+
     Example::
 
         >>> import renyi
         >>> print(renyi.epsilon(noise_multiplier=1.1, sample_rate=256/60000, steps=14100,
         ...                     delta=1e-5))  # doctest: +SKIP
     """
-    count = 1
-    if event is None and sampling is not None:
-        if noise_multiplier is None or dataset_size is None or batch_size is None:
-            raise fail(
-                "sampling",
-                sampling,
-                "given with noise_multiplier, dataset_size, batch_size and steps",
-            )
-        event = training_event(
-            sampling,
-            noise_multiplier,
-            dataset_size=dataset_size,
-            batch_size=batch_size,
-            steps=steps,
-        )
-    elif event is None:
-        if noise_multiplier is None:
-            raise fail("event", None, "an Event, or noise_multiplier (with sample_rate, steps)")
-        event = dpsgd_event(noise_multiplier, sample_rate)
-        count = steps
+    event, count = _report_event(
+        event, noise_multiplier, sample_rate, steps, sampling, dataset_size, batch_size
+    )
     names = list(accountants) if accountants is not None else list(ACCOUNTANTS)
     results: list[EpsilonResult] = []
     unsupported: list[tuple[str, str]] = []
@@ -194,10 +186,9 @@ def epsilon_report(
         acc = make_accountant(name)
         try:
             acc.compose(event, count)
-        except RenyiError as exc:
+            results.append(acc.epsilon(delta))
+        except RenyiError as exc:  # this analysis does not apply (or not at these values)
             unsupported.append((name, str(exc)))
-            continue
-        results.append(acc.epsilon(delta))
     subsampled = any(
         isinstance(
             e,
@@ -209,3 +200,62 @@ def epsilon_report(
         for e in event.walk()
     )
     return EpsilonReport(delta, tuple(results), tuple(unsupported), subsampled)
+
+
+def _report_event(
+    event: Event | None,
+    noise_multiplier: float | None,
+    sample_rate: float | None,
+    steps: int | None,
+    sampling: str | None,
+    dataset_size: int | None,
+    batch_size: int | None,
+) -> tuple[Event, int]:
+    """The event :func:`epsilon_report` accounts and how often; every argument given is used
+    or refused (naming it and the one that makes it meaningless)."""
+    given = {
+        "noise_multiplier": noise_multiplier,
+        "sample_rate": sample_rate,
+        "steps": steps,
+        "sampling": sampling,
+        "dataset_size": dataset_size,
+        "batch_size": batch_size,
+    }
+    if event is not None:
+        for name, value in given.items():
+            if value is not None:
+                raise fail(name, value, "no value with event=... (the event fixes it; pass one)")
+        return event, 1
+    if sampling is not None:
+        if sample_rate is not None:
+            raise fail(
+                "sample_rate",
+                sample_rate,
+                f"no value with sampling={sampling!r} (its rate is batch_size / dataset_size)",
+            )
+        if noise_multiplier is None or dataset_size is None or batch_size is None:
+            raise fail(
+                "sampling",
+                sampling,
+                "given with noise_multiplier, dataset_size, batch_size and steps",
+            )
+        built = training_event(
+            sampling,
+            noise_multiplier,
+            dataset_size=dataset_size,
+            batch_size=batch_size,
+            steps=1 if steps is None else steps,
+        )
+        return built, 1
+    for name in ("dataset_size", "batch_size"):
+        if given[name] is not None:
+            raise fail(
+                name,
+                given[name],
+                "no value without sampling=... (the Poisson shorthand takes sample_rate; "
+                "pass sampling='poisson' to derive it from batch_size / dataset_size)",
+            )
+    if noise_multiplier is None:
+        raise fail("event", None, "an Event, or noise_multiplier (with sample_rate, steps)")
+    rate = 1.0 if sample_rate is None else sample_rate
+    return dpsgd_event(noise_multiplier, rate), 1 if steps is None else steps

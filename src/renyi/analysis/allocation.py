@@ -41,7 +41,14 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.special import gammaln, log_ndtr, logsumexp
 
-from renyi._validation import check_int, check_orders, check_positive, fail
+from renyi._validation import (
+    check_int,
+    check_nonnegative,
+    check_orders,
+    check_positive,
+    check_range,
+    fail,
+)
 
 __all__ = [
     "MAX_EXACT_ORDER",
@@ -295,6 +302,8 @@ def allocation_delta_monte_carlo(
     sigma = check_positive("noise_multiplier", noise_multiplier)
     e = check_int("epochs", epochs, 1)
     n = check_int("samples", samples, 2)
+    epsilon = check_nonnegative("epsilon", epsilon, allow_inf=True)
+    confidence = check_range("confidence", confidence, 0.0, 1.0, low_open=True, high_open=True)
     if direction not in ("remove", "add"):
         raise fail("direction", direction, "'remove' or 'add'")
     if rng is None:
@@ -311,7 +320,9 @@ def allocation_delta_monte_carlo(
             ell = rng.normal(-0.5 * v, math.sqrt(v), size=(rows, t))
             log_y += logsumexp(ell, axis=1) - math.log(t)
         if direction == "remove":
-            part = np.where(log_y > epsilon, np.exp(log_y) - math.exp(epsilon), 0.0)
+            with np.errstate(over="ignore", invalid="ignore"):  # no overflow at large epsilon
+                gap = -np.expm1(np.minimum(epsilon - log_y, 0.0))
+                part = np.where(log_y > epsilon, np.exp(log_y) * gap, 0.0)
         else:
             part = np.maximum(-np.expm1(epsilon + log_y), 0.0)
         vals[start : start + rows] = part

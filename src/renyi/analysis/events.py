@@ -276,7 +276,7 @@ class GaussianEvent(Event):
         return closed_forms.gaussian_rdp(self.noise_multiplier, orders)
 
     def zcdp_rho(self) -> float:
-        return 0.5 / self.noise_multiplier**2
+        return 0.5 / self.noise_multiplier / self.noise_multiplier  # no overflow: 1e-300 gives inf
 
     def pld_pair(
         self, *, value_discretization_interval: float, tail_mass: float, max_bins: int
@@ -1378,7 +1378,10 @@ def training_event(
         return SelfComposedEvent(PoissonSampledEvent(b / n, GaussianEvent(sigma)), t_steps)
     if sampling == "truncated-poisson":
         cap = default_max_batch_size(b) if max_batch_size is None else max_batch_size
-        cap = min(check_int("max_batch_size", cap, 1), n)
+        cap = check_int("max_batch_size", cap, 1)
+        if cap < b:  # a cap below the batch size would truncate most batches: a mistake
+            raise fail("max_batch_size", cap, f"an integer >= batch_size={b}")
+        cap = min(cap, n)  # a cap above n never binds: the same sampler
         step = TruncatedPoissonSampledEvent(n, b / n, cap, GaussianEvent(sigma))
         return SelfComposedEvent(step, t_steps)
     if sampling == "fixed-size":

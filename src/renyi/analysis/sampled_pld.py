@@ -43,8 +43,15 @@ def _branch_atoms(
     r: float, d: float, s: float, h: float, direction: str
 ) -> tuple[FloatArray, FloatArray, float]:
     """(first-side masses, partner masses, +inf mass) of one branch; the partner masses sum
-    to at most 1."""
-    c = 1.0 / (2.0 * s * s)
+    to at most 1. A loss range that no grid of ``h`` holds (extreme ``s``) raises
+    :class:`~renyi.analysis.pld.PldGridError` naming the smallest interval that would."""
+    from renyi.analysis.pld._errors import _grid_error
+    from renyi.analysis.pld._numerics import _MAX_BINS
+
+    two_var = 2.0 * s * s
+    if two_var == 0.0:  # s below 1e-162: the loss overflows every float grid
+        raise _grid_error("noise_multiplier", s, math.inf, "a value")
+    c = 1.0 / two_var  # 0 for s above 1e154: the loss is 0 (below any grid step)
 
     def loss(y: FloatArray) -> FloatArray:
         out: FloatArray = np.logaddexp(math.log1p(-r), math.log(r) + (2.0 * y * d - d * d) * c)
@@ -52,12 +59,17 @@ def _branch_atoms(
 
     y_lo, y_hi = -12.0 * s, d + 12.0 * s
     l_lo, l_hi = float(loss(np.array([y_lo]))[0]), float(loss(np.array([y_hi]))[0])
+    points = (l_hi - l_lo) / h + 2.0
+    if not points <= _MAX_BINS:
+        needed = (l_hi - l_lo) / (_MAX_BINS - 2)
+        needed = needed if math.isfinite(needed) else math.inf
+        raise _grid_error("value_discretization_interval", h, needed, f"noise_multiplier={s!r}")
     ks = np.arange(math.ceil(l_lo / h), math.floor(l_hi / h) + 1)
     ell = ks * h
     inner = np.expm1(ell) + r  # e^ell - 1 + r > 0 for ell > log(1 - r)
     ok = inner > 0
     ell = ell[ok]
-    y = s * s / d * np.log(inner[ok] / r) + d / 2.0
+    y = s * (s / d * np.log(inner[ok] / r)) + d / 2.0  # not s*s: 0 * inf at huge s
     edges = np.concatenate(([-np.inf], y, [np.inf]))
     # bin j is (edges[j], edges[j+1]]; its loss lies in [loss(edges[j]), loss(edges[j+1])]
     q_cdf = ndtr(edges / s)
@@ -76,7 +88,8 @@ def _branch_atoms(
     # add: first side Q, loss -ℓ in [-hi, -lo]; top bin (loss unbounded below) rounded up
     f, g = _ctd(qm[:-1], pm[:-1], -lo_edge[1:], -lo_edge[:-1])
     top_f = np.array([qm[-1]])
-    top_g = top_f * math.exp(float(lo_edge[-1]))
+    # partner mass Q e^ell; capping the exponent lowers it, which only raises the loss
+    top_g = top_f * math.exp(min(float(lo_edge[-1]), 700.0))
     return np.concatenate((f, top_f)), np.concatenate((g, top_g)), 0.0
 
 

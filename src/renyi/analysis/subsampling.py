@@ -53,7 +53,6 @@ from renyi._validation import (
     check_range,
     fail,
 )
-from renyi.errors import PrivacyParameterError
 
 __all__ = [
     "amplify_approx_dp_poisson",
@@ -723,13 +722,11 @@ def _log_a_fractional(
     # Rounding weights; inf magnitudes only occur with zero terms, NaN marks no rounding.
     w = _ROUND + _EPS4 * np.minimum(np.abs(np.concatenate(rows_m)), 1e300)
     rnd = _colsum(np.where(np.isnan(w), 0.0, w * e))
-    if (total <= 0).any():  # pragma: no cover - B > 0 in exact arithmetic
-        bad = alphas[total <= 0]
-        raise PrivacyParameterError(
-            f"subsampled Gaussian RDP lost all precision at orders {bad.tolist()} for "
-            f"sampling_rate={q!r}, noise_multiplier={sigma!r}"
-        )
-    log_b = np.log(total + rnd) + mx
+    # B > 0 in exact arithmetic; where the sum lost all precision (noise multipliers so large
+    # that B underflows next to its rounding allowance) no bound is claimed here: +inf, which
+    # the caller caps by the unsampled Gaussian alpha / (2 sigma^2) (tiny there).
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_b = np.where(total > 0, np.log(total + rnd) + mx, np.inf)
     return _pad(np.logaddexp(0.0, log_b))  # log(1 + B)
 
 
@@ -944,10 +941,10 @@ def sampled_without_replacement_gaussian_rdp(
         raise fail("sample_size", sample_size, f"an integer in [0, population_size={n}]")
     sigma = check_positive("noise_multiplier", noise_multiplier)
     alphas = _validate_orders(orders)
-    if m == 0:
+    two_var = 2.0 * sigma * sigma
+    if m == 0 or two_var == math.inf:  # nothing sampled, or eps(alpha) = alpha c underflows
         return np.zeros(alphas.shape, dtype=np.float64)
     gamma = m / n
-    two_var = 2.0 * sigma * sigma
     c = 1.0 / two_var if two_var > 0.0 else math.inf
     finite = np.isfinite(alphas)
     lo = np.floor(np.where(finite, alphas, 2.0))

@@ -59,6 +59,54 @@ def register(sub: Any) -> None:
     c.set_defaults(func=_calibrate)
 
 
+def _conflict(option: str, other: str, why: str) -> SystemExit:
+    return SystemExit(f"renyi: error: {option} cannot be combined with {other} ({why})")
+
+
+def _refuse_ignored(args: argparse.Namespace) -> None:
+    """Every option given is used, or the command stops naming it and the option that makes
+    it meaningless (nothing is dropped silently)."""
+    if args.steps is not None and args.epochs is not None:
+        raise _conflict("--steps", "--epochs", "the number of steps comes from one of them")
+    sampling = getattr(args, "sampling", None)
+    cap = getattr(args, "max_batch_size", None)
+    if cap is not None and sampling != "truncated-poisson":
+        raise _conflict(
+            "--max-batch-size",
+            f"--sampling {sampling or 'poisson'}",
+            "only truncated-poisson caps the batch",
+        )
+    shorthand = sampling is None or (
+        sampling == "poisson" and args.sample_rate is not None and args.dataset_size is None
+    )
+    if shorthand:
+        if args.epochs is not None and args.sample_rate is not None:
+            raise _conflict(
+                "--sample-rate",
+                "--epochs",
+                "with --epochs the rate is --batch-size / --dataset-size",
+            )
+        if args.epochs is None:
+            for opt, value in (
+                ("--dataset-size", args.dataset_size),
+                ("--batch-size", args.batch_size),
+            ):
+                if value is None:
+                    continue
+                if args.sample_rate is not None:
+                    raise _conflict(opt, "--sample-rate", "the Poisson rate is --sample-rate here")
+                raise SystemExit(
+                    f"renyi: error: {opt} is used with --epochs or --sampling (e.g. --sampling "
+                    "poisson); with --steps alone give --sample-rate"
+                )
+    elif args.sample_rate is not None:
+        raise _conflict(
+            "--sample-rate",
+            f"--sampling {sampling}",
+            "the sampler's rate is --batch-size / --dataset-size",
+        )
+
+
 def _rate_and_steps(args: argparse.Namespace) -> tuple[float, int]:
     if args.epochs is not None:
         if args.dataset_size is None or args.batch_size is None:
@@ -185,6 +233,7 @@ def _epsilon(args: argparse.Namespace) -> int:
 
         if not Path(args.plot).expanduser().resolve().parent.is_dir():
             raise SystemExit(f"renyi: error: --plot {args.plot}: its directory does not exist")
+    _refuse_ignored(args)
     event, meta = _training(args)
     names = sorted(ACCOUNTANTS) if args.accountant == "all" else [args.accountant]
     report: EpsilonReport
@@ -262,6 +311,7 @@ def _epsilon(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    _refuse_ignored(args)
     q, steps = _rate_and_steps(args)
     if args.accountant == "all":
         step = dpsgd_event(1.0, q)

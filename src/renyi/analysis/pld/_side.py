@@ -148,9 +148,10 @@ class _Side:
         a = math.exp(-self.h)
         g = lfilter([1.0], [1.0, -a], self.probs[::-1])[::-1]
         rp = np.empty_like(g)
-        rp[:-1] = a * g[1:]
+        rp[:-1] = g[1:]
         rp[-1] = 0.0
-        d = math.expm1(self.h) * np.cumsum(rp[::-1])[::-1]
+        # (e^h - 1) sum a g = (1 - e^-h) sum g: no overflow on huge grids (h ~ 1e50)
+        d = -math.expm1(-self.h) * np.cumsum(rp[::-1])[::-1]
         return np.asarray(g), np.asarray(d)
 
     def delta_raw(self, eps: FloatArray) -> FloatArray:
