@@ -410,3 +410,36 @@ def test_tuple_inputs_and_micro_batches_with_the_real_engine() -> None:
 
     for a, b in zip(run(None), run(3), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+class _NegativeZeros(_NoNoise):
+    """A caller-supplied source whose normals are all ``-0.0``."""
+
+    def normal(self, shape: Any, dtype: torch.dtype) -> torch.Tensor:
+        return torch.full(tuple(shape), -0.0, dtype=dtype)
+
+
+def test_caller_source_release_never_shows_negative_zero() -> None:
+    """Issue 22 row 2 on the opt-in path: a signed-zero clipped-sum coordinate plus a
+    caller-supplied source's -0.0 was released as -0.0 (a sign that can reveal the example);
+    the release is canonical (+0.0) even where the source is not lattice-safe."""
+    _, opt = _setup(random_source=_NegativeZeros(), allow_predictable_noise=True)
+    total = sum(p.numel() for p in opt._params)
+    flat = torch.full((total,), -0.0, dtype=torch.float32)  # a signed-zero clipped sum
+    flat[-1] = 2.5
+    released = opt.release_noisy_sum(flat)
+    assert released[-1] == 2.5
+    assert not bool(torch.signbit(released[:-1]).any())
+
+
+def test_a_patched_draw_noise_on_an_instance_is_used() -> None:
+    """Patching ``draw_noise`` on one optimizer (an instance attribute) shapes that
+    optimizer's noise: the fast path that draws fresh noise itself must not ignore it."""
+    _, opt = _setup(source=SeededRandomSource(0), random_source=SeededRandomSource(1))
+    total = sum(p.numel() for p in opt._params)
+    opt.draw_noise = lambda: torch.full((total,), 3.0, dtype=torch.float64)  # type: ignore[method-assign]
+    flat = torch.zeros(total, dtype=torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureRandomnessWarning)
+        released = opt.release_noisy_sum(flat)
+    assert torch.equal(released, torch.full_like(flat, 3.0 * opt.noise_std()))

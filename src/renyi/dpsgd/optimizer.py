@@ -545,7 +545,9 @@ class DPOptimizer(torch.optim.Optimizer):
         """``flat + N(0, σ² C²)`` per entry, released on the lattice by :mod:`renyi.noise`.
 
         With a caller-supplied source (``allow_predictable_noise=True``) its ``normal`` is
-        added as is instead (not lattice-safe; that source was refused without the flag).
+        added as is instead (not lattice-safe; that source was refused without the flag),
+        but still with the sign of zero canonical: ``+ 0.0`` turns a ``-0.0`` coordinate
+        (which would reveal that the clipped sum was just below zero) into ``+0.0``.
         """
         std = self.noise_std()
         if self._own_noise:
@@ -557,13 +559,14 @@ class DPOptimizer(torch.optim.Optimizer):
             # a subclass's shaping of fresh normals (correlated noise: rows of C^-1 Z),
             # released on the lattice
             return noise.snap(flat, self.draw_noise(), std)
-        return flat + std * self.draw_noise().to(flat.dtype)
+        return (flat + std * self.draw_noise().to(flat.dtype)).add_(0.0)
 
     def _releases_fresh_noise(self) -> bool:
         """Whether this step's noise is fresh i.i.d. N(0, 1) per coordinate, so that
         :func:`renyi.noise.gaussian` draws and releases it exactly; a subclass that shapes
         its noise (:meth:`draw_noise`) releases through :func:`renyi.noise.snap` instead."""
-        return type(self).draw_noise is DPOptimizer.draw_noise
+        # an instance attribute (a patched draw_noise) shapes the noise too
+        return type(self).draw_noise is DPOptimizer.draw_noise and "draw_noise" not in vars(self)
 
     def noise_std(self) -> float:
         """Standard deviation of the noise on each coordinate of the clipped sum: σ·C.
