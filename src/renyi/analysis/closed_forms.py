@@ -32,8 +32,9 @@ import numbers
 from typing import Any, overload
 
 import numpy as np
+import scipy
 from numpy.typing import ArrayLike, NDArray
-from scipy import optimize, special
+from scipy import special
 
 from renyi._validation import (
     check_delta,
@@ -393,7 +394,7 @@ def gaussian_epsilon(mu: float, delta: float) -> float:
     hi = m * (m / 2.0 + math.sqrt(2.0 * -log_target)) + 1.0
     while f(hi) > 0.0:  # cannot loop long: f decreases faster than quadratically
         hi *= 2.0
-    eps = float(optimize.brentq(f, 0.0, hi, xtol=1e-14, rtol=4 * np.finfo(float).eps))
+    eps = float(scipy.optimize.brentq(f, 0.0, hi, xtol=1e-14, rtol=4 * np.finfo(float).eps))
     # Verify against log delta with a margin that covers the float error of log delta itself
     # (< 1e-11 relative, tested), so the result is an upper bound on the exact epsilon.
     return _nudge(lambda x: f(x) <= -_LOG_DELTA_MARGIN, eps, up=True)
@@ -427,7 +428,7 @@ def gaussian_mu(epsilon: float, delta: float) -> float:
         lo = max(lo - 2.0 * (1.0 - lo), -700.0)
     while f(hi) <= 0.0:
         hi += 2.0 * (1.0 + hi)
-    log_mu = float(optimize.brentq(f, lo, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps))
+    log_mu = float(scipy.optimize.brentq(f, lo, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps))
     mu = _nudge(lambda x: f(math.log(x)) <= -_LOG_DELTA_MARGIN, math.exp(log_mu), up=False)
     return mu
 

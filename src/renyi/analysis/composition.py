@@ -30,10 +30,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+import scipy
 from numpy.typing import ArrayLike, NDArray
-from scipy import optimize
 from scipy.special import logsumexp
-from scipy.stats import binom
 
 from renyi._validation import (
     check_delta,
@@ -176,6 +175,8 @@ def _kov_log_delta_rr(epsilon: float, k: int, target: FloatArray) -> FloatArray:
     """``log delta_RR(target)`` of the k-fold composed randomized response (per target)."""
     if epsilon == 0.0:
         return np.full(target.shape, -np.inf)
+    from scipy.stats import binom  # imported here: scipy.stats costs ~0.5 s at `import renyi`
+
     ell = np.arange(k + 1, dtype=np.float64)
     loss = (k - 2.0 * ell) * epsilon  # privacy loss with ell "flipped" outcomes
     # P(ell) = C(k, ell) e^{(k-ell) eps} / (1 + e^eps)^k: Binomial(k, 1/(1+e^eps)) at ell,
@@ -290,7 +291,7 @@ def compose_optimal(epsilon: float, delta: float, k: int, target_delta: float) -
         v = total(x)
         return (math.log(v) if v > 0 else -800.0) - log_td  # finite for Brent (e^-800 = 0)
 
-    root = float(optimize.brentq(f, 0.0, hi, xtol=1e-13, rtol=4 * np.finfo(float).eps))
+    root = float(scipy.optimize.brentq(f, 0.0, hi, xtol=1e-13, rtol=4 * np.finfo(float).eps))
     eps_prime = _nudge_up(lambda x: total(x) <= td, root, hi)
     return ApproxDp(eps_prime, td)
 
@@ -539,7 +540,7 @@ def _largest_rho(epsilon_of_rho: Any, target: float) -> float:
         if lo < -700.0:  # pragma: no cover - eps(rho) -> 0 as rho -> 0
             raise fail("epsilon", target, "a budget reachable with Gaussian noise")
     log_rho = float(
-        optimize.brentq(lambda x: epsilon_of_rho(math.exp(x)) - target, lo, hi, xtol=1e-14)
+        scipy.optimize.brentq(lambda x: epsilon_of_rho(math.exp(x)) - target, lo, hi, xtol=1e-14)
     )
     rho = math.exp(log_rho)
     step = rho * 4 * np.finfo(float).eps

@@ -20,8 +20,9 @@ import math
 from typing import Any
 
 import numpy as np
+import scipy
 from numpy.typing import ArrayLike, NDArray
-from scipy import optimize, special
+from scipy import special
 
 from renyi._validation import (
     check_delta,
@@ -357,7 +358,7 @@ def zcdp_to_dp(rho: float, delta: float) -> tuple[float, float]:
     # Bun-Steinke's optimal order for the Mironov conversion: a good start and a fallback.
     x0 = 0.5 * math.log(-log_d / r)
     lo, hi = _log_t_bounds(x0)
-    res = optimize.minimize_scalar(
+    res = scipy.optimize.minimize_scalar(
         lambda x: bound(x)[0], bounds=(lo, hi), method="bounded", options={"xatol": 1e-10}
     )
     best = min(bound(float(res.x)), bound(min(max(x0, lo), hi)))
@@ -405,7 +406,7 @@ def zcdp_to_delta(rho: float, epsilon: float) -> tuple[float, float]:
     # Optimum of the Mironov form: alpha - 1 ~ (epsilon - rho) / (2 rho).
     x0 = math.log(max((eps - r) / (2.0 * r), 1e-8))
     lo, hi = _log_t_bounds(x0)
-    res = optimize.minimize_scalar(
+    res = scipy.optimize.minimize_scalar(
         lambda x: log_delta(x)[0], bounds=(lo, hi), method="bounded", options={"xatol": 1e-10}
     )
     best = min(log_delta(float(res.x)), log_delta(min(max(x0, lo), hi)))
@@ -442,7 +443,7 @@ def zcdp_max_rho(epsilon: float, delta: float) -> float:
         lo *= 2
     while f(hi) < 0:
         hi *= 2
-    rho = math.exp(float(optimize.brentq(f, lo, hi, xtol=1e-13)))
+    rho = math.exp(float(scipy.optimize.brentq(f, lo, hi, xtol=1e-13)))
     step = 2.0**-40
     while zcdp_to_dp(rho, d)[0] > e:  # verify; move to the safe side (less rho)
         rho *= 1.0 - step

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import scipy
 from numpy.typing import ArrayLike, NDArray
-from scipy import optimize
 
 from renyi._validation import as_real, fail
 from renyi.analysis.conversions import _curve, rdp_to_delta
@@ -91,7 +91,7 @@ class RepetitionDistribution:
         lo = -1.0
         while gap(lo) < 0:
             lo *= 2.0
-        log_g = optimize.brentq(gap, lo, -1e-300, xtol=1e-15, rtol=1e-15)
+        log_g = scipy.optimize.brentq(gap, lo, -1e-300, xtol=1e-15, rtol=1e-15)
         gamma = math.exp(log_g)
         object.__setattr__(self, "_gamma", gamma)
         object.__setattr__(self, "mean", _tnb_mean(shape, gamma))  # the mean actually sampled
