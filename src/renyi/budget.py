@@ -94,7 +94,7 @@ from renyi.ledger import (
     open_store,
     state_digest,
 )
-from renyi.ledger._base import same_digest
+from renyi.ledger._base import dumps, same_digest
 
 __all__ = ["PERIODS", "Budget", "Receipt", "check_period", "event_pure_epsilon", "event_rho_exact"]
 
@@ -128,6 +128,24 @@ def check_period(unit: str, value: str) -> str:
     if not ok:
         raise fail("period", value, f"a {unit} written {form}")
     return value
+
+
+def _check_metadata(metadata: Any) -> dict[str, Any]:
+    """A copy of ``metadata`` if the ledger can store it as it is: a dict with string keys
+    of JSON values (finite numbers), which reads back equal; else our error naming it."""
+    import json
+
+    meta = {} if metadata is None else metadata
+    expected = "a dict of JSON values (string keys; finite numbers, text, lists, dicts)"
+    if not isinstance(meta, dict):
+        raise fail("metadata", metadata, expected)
+    try:
+        same = json.loads(dumps(meta)) == meta
+    except (TypeError, ValueError):
+        same = False
+    if not same:
+        raise fail("metadata", metadata, expected)
+    return dict(meta)
 
 
 _ROUND_UP = 1.0 + 4 * np.finfo(np.float64).eps  # inflate computed RDP costs by a few ulps
@@ -829,7 +847,7 @@ class Budget:
             )
         cost = self.cost(event, count)
         event_dict = event.to_dict()
-        meta = dict(metadata or {})
+        meta = _check_metadata(metadata)
         if label is not None and not isinstance(label, str):
             raise fail("label", label, "a string or None")
         if idempotency_key is not None:

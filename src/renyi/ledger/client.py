@@ -179,12 +179,12 @@ class RemoteBudget:
         Returns a :class:`renyi.budget.Receipt`. Raises BudgetExceededError (refused, nothing
         charged) or LedgerError (unreachable or any other answer; nothing may be released).
         """
-        from renyi.budget import Receipt
+        from renyi.budget import Receipt, _check_metadata
 
         if not isinstance(event, Event):
             raise fail("event", event, "a renyi.analysis.events.Event")
         count = check_int("count", count, 0)
-        meta = dict(metadata or {})
+        meta = _check_metadata(metadata)
         if self.job is not None:
             meta.setdefault("job", self.job)
             meta.setdefault("step", self._steps + 1)
