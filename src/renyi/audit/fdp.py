@@ -33,6 +33,10 @@ Functions here:
   a refuted *Gaussian* curve as an epsilon; it is a bound on the mechanism's epsilon only
   among mechanisms whose trade-off curve is Gaussian (as DP-SGD's is for full batches), and
   is labelled so everywhere it is reported.
+* :func:`gdp_samples_mu_lower_bound`: the same question for *independent* releases with
+  and without a canary (not one run): a held-out threshold test whose Clopper-Pearson
+  rates refute mu-GDP. Far more powerful than an ``(epsilon, delta)`` bound at small
+  ``delta`` when the claim is a Gaussian curve (one unamplified Gaussian step).
 
 Example:
     >>> round(gdp_mu_lower_bound(m=1000, guesses=100, correct=100, confidence=0.95), 3)
@@ -59,6 +63,7 @@ __all__ = [
     "gaussian_inverse_tradeoff",
     "gdp_epsilon_lower_bound",
     "gdp_mu_lower_bound",
+    "gdp_samples_mu_lower_bound",
 ]
 
 InverseTradeoff = Callable[[float], float]
@@ -208,3 +213,69 @@ def gdp_epsilon_lower_bound(
     if mu <= 0.0:
         return 0.0
     return float(gaussian_epsilon(mu, d)) * (1.0 - 1e-9)
+
+
+def gdp_samples_mu_lower_bound(
+    y0: ArrayLike, y1: ArrayLike, confidence: float = 0.95
+) -> tuple[float, dict[str, float]]:
+    """A lower bound on ``mu`` from independent releases without (``y0``) and with (``y1``)
+    a canary: every mu-GDP mechanism has ``mu >= `` the returned value with probability at
+    least ``confidence`` (0 when nothing is refuted).
+
+    The test (a held-out threshold attack): for every test ``phi`` of a mu-GDP pair,
+    ``TPR <= Phi(Phi^-1(FPR) + mu)`` (Dong, Roth & Su 2022), i.e. ``Phi^-1(TPR) -
+    Phi^-1(FPR) <= mu``. The even-indexed samples choose, in each direction ("in" above or
+    below the threshold), the threshold whose Clopper-Pearson bounds give the largest such
+    gap; the odd-indexed samples then bound that threshold's FPR from above and TPR from
+    below (Clopper-Pearson, ``(1 - confidence) / 4`` for each of the four bounds), and
+    ``Phi^-1(TPR_low) - Phi^-1(FPR_high)`` is the bound. Valid for any claimed ``mu``
+    because the threshold never sees the samples that test it.
+
+    Returns ``(mu_lower_bound, details)`` with the chosen threshold's counts.
+
+    Example:
+        >>> gen = np.random.default_rng(0)
+        >>> mu, _ = gdp_samples_mu_lower_bound(gen.normal(size=20000),
+        ...                                    1 + gen.normal(size=20000), 0.999)
+        >>> 0.8 < mu < 1.0  # a 1-GDP pair: never above 1 (at this confidence)
+        True
+    """
+    from renyi.audit.stats import clopper_pearson
+
+    a = np.asarray(y0, dtype=np.float64).reshape(-1)
+    b = np.asarray(y1, dtype=np.float64).reshape(-1)
+    if a.size < 8 or b.size < 8 or not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        raise fail("y0/y1", (a.size, b.size), "at least 8 finite releases on each side")
+    conf = check_range("confidence", confidence, 0.0, 1.0, low_open=True, high_open=True)
+    each = 1.0 - (1.0 - conf) / 4.0
+    levels = np.linspace(0.01, 0.99, 99)
+    best: tuple[float, dict[str, float]] = (0.0, {})
+    for sign in (1.0, -1.0):
+        tr0, te0 = sign * a[0::2], sign * a[1::2]
+        tr1, te1 = sign * b[0::2], sign * b[1::2]
+        cuts = np.unique(np.quantile(np.concatenate([tr0, tr1]), levels))
+        k0 = (tr0[:, None] > cuts).sum(axis=0)
+        k1 = (tr1[:, None] > cuts).sum(axis=0)
+        _, f_hi = clopper_pearson(k0, tr0.size, each, side="upper")
+        t_lo, _ = clopper_pearson(k1, tr1.size, each, side="lower")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            gap = np.nan_to_num(ndtri(t_lo) - ndtri(f_hi), nan=-np.inf)
+        cut = cuts[int(np.argmax(gap))]
+        c0, c1 = int((te0 > cut).sum()), int((te1 > cut).sum())
+        _, fpr_hi = clopper_pearson(c0, te0.size, each, side="upper")
+        tpr_lo, _ = clopper_pearson(c1, te1.size, each, side="lower")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mu = float(ndtri(float(tpr_lo[()])) - ndtri(float(fpr_hi[()])))
+        if math.isfinite(mu) and mu > best[0]:
+            best = (
+                mu * (1.0 - 1e-9),
+                {
+                    "direction": sign,
+                    "threshold": float(sign * cut),
+                    "fpr_high": float(fpr_hi[()]),
+                    "tpr_low": float(tpr_lo[()]),
+                    "test_without": float(te0.size),
+                    "test_with": float(te1.size),
+                },
+            )
+    return best

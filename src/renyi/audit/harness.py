@@ -312,6 +312,7 @@ def _forced_audit(
             confidence=confidence,
             features={k: (np.array(v[False]), np.array(v[True])) for k, v in feats.items()},
             details={**details, "steps": steps, "mode": "one canary per step"},
+            claimed_mu=1.0 / sigma,
         )
     names = groups
     groups_, scales = _groups(task, names)
@@ -340,6 +341,7 @@ def _forced_audit(
             delta=delta,
             confidence=each,
             lattice=g if name == "residue" else None,
+            claimed_mu=1.0 / sigma,
         )
     best = max(results, key=lambda k: results[k].epsilon_lower_bound)
     r = results[best]
@@ -351,6 +353,9 @@ def _forced_audit(
         confidence,
         task.canaries * steps,
         all(v.passed for v in results.values()),
+        mu_lower_bound=max(v.mu_lower_bound or 0.0 for v in results.values()),
+        epsilon_gdp=max(v.epsilon_gdp or 0.0 for v in results.values()),
+        fdp_claim_refuted=any(bool(v.fdp_claim_refuted) for v in results.values()),
         details={
             **details,
             "steps": steps,
@@ -968,6 +973,7 @@ def audit_fedavg(
             delta=delta,
             confidence=each,
             lattice=noise.lattice_step(sigma * clip) if name == "residue" else None,
+            claimed_mu=1.0 / sigma,
         )
         for gi, (name, _) in enumerate(GROUPS)
     }
@@ -980,6 +986,9 @@ def audit_fedavg(
         confidence,
         canaries * rounds,
         all(r.passed for r in results.values()),
+        mu_lower_bound=max(r.mu_lower_bound or 0.0 for r in results.values()),
+        epsilon_gdp=max(r.epsilon_gdp or 0.0 for r in results.values()),
+        fdp_claim_refuted=any(bool(r.fdp_claim_refuted) for r in results.values()),
         details={
             "path": "DpFedAvg.round",
             "rounds": rounds,

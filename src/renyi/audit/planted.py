@@ -117,6 +117,40 @@ def _residue(opt: Any) -> None:
     opt.release_noisy_sum = planted
 
 
+def _clip_twice_c(opt: Any) -> None:
+    """The clipping engine clips at ``2 C`` while the noise and the accountant use ``C``
+    (e.g. a clipping norm set on a copy of the engine, or ``C`` read from a config twice)."""
+    opt.engine.max_grad_norm = 2.0 * opt.max_grad_norm
+
+
+def _half_noise_odd_steps(opt: Any) -> None:
+    """Half the noise at every other step (a schedule, a flag or a buffer that alternates),
+    released on the lattice: only the scale is wrong, and only half the time."""
+    from renyi import noise
+
+    calls = [0]
+
+    def planted(flat: Any) -> Any:
+        calls[0] += 1
+        std = opt.noise_std() / (2.0 if calls[0] % 2 else 1.0)
+        return noise.gaussian(flat, std, rng=opt.random_source)
+
+    opt.release_noisy_sum = planted
+
+
+def _gaussian_canaries(patch: Callable[[Any], None]) -> Callable[..., TrainingAuditResult]:
+    """The per-column audit with Gaussian canaries only, 400 steps (76,800 releases). The
+    mu-GDP test of the releases catches both bugs below; the ``(epsilon, delta)`` bound alone
+    misses half the noise at odd steps (0.33 vs 0.59), and clipping at 2 C with the 200 steps
+    and three canary groups of the default per-column audit (0.45 vs 0.59)."""
+
+    def run(seed: int, **kw: Any) -> TrainingAuditResult:
+        kw.setdefault("steps", 400)
+        return audit_accumulate(seed=seed, patch=patch, groups=("gaussian",), **kw)
+
+    return run
+
+
 def _realised_batch(opt: Any) -> None:
     """The noisy sum divided by the realised number of examples instead of the fixed
     expected batch size (leaks the batch size, hence membership)."""
@@ -387,6 +421,23 @@ PLANTED: dict[str, PlantedBug] = {
             "the background examples' direction (one canary per step)",
             _mean_capture_run("class-weighted"),
             None,
+        ),
+        PlantedBug(
+            "clip-at-2c",
+            "per-example gradients clipped at 2 C while the noise and the accountant use C "
+            "(true epsilon 1.35 for a claimed 0.59 at sigma 4)",
+            "held-out review of issue 27 (not in the issue's list)",
+            "mu-GDP test of the canary releases (and the (epsilon, delta) bound at 400 steps)",
+            _gaussian_canaries(_clip_twice_c),
+            _clip_twice_c,
+        ),
+        PlantedBug(
+            "half-noise-odd-steps",
+            "half the noise at every other step",
+            "held-out review of issue 27 (not in the issue's list)",
+            "mu-GDP test of the canary releases (the (epsilon, delta) bound stays below)",
+            _gaussian_canaries(_half_noise_odd_steps),
+            _half_noise_odd_steps,
         ),
         PlantedBug(
             "capture-mean-ignore-index",

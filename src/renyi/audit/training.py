@@ -90,6 +90,7 @@ from renyi.audit.fdp import (
     curve_inverse_tradeoff,
     fdp_refutes,
     gdp_mu_lower_bound,
+    gdp_samples_mu_lower_bound,
 )
 from renyi.audit.stats import one_run_epsilon_lower_bound
 
@@ -135,11 +136,12 @@ class TrainingAuditResult:
         canaries: canaries inserted (all kinds).
         passed: ``epsilon_lower_bound <= epsilon_claimed`` and the claimed trade-off curve
             not refuted.
-        mu_lower_bound, epsilon_gdp: one run only: the largest μ-GDP the guesses refute
-            (Mahloujifar et al. 2025) and its ε at ``delta`` (a bound among mechanisms
-            with a Gaussian trade-off curve only).
-        fdp_claim_refuted: one run only: whether the guesses refute the claimed trade-off
-            curve (``None``: no curve available for the claim).
+        mu_lower_bound, epsilon_gdp: the largest μ-GDP the guesses refute (one run,
+            Mahloujifar et al. 2025; independent releases with a Gaussian claim, a held-out
+            threshold test) and its ε at ``delta`` (a bound among mechanisms with a
+            Gaussian trade-off curve only).
+        fdp_claim_refuted: whether the evidence refutes the claimed trade-off curve
+            (``None``: no curve available for the claim).
         details: counts behind the bounds (per kind: canaries, guesses, correct; steps).
         roc: the empirical ROC ``(fpr, tpr)`` of the Gaussian canaries' scores (for plots).
         claim_curve: the claim's TPR upper bounds ``(fpr, tpr)`` (for plots).
@@ -320,6 +322,7 @@ def audit_release_samples(
     multiplier: float = 1.0,
     features: Mapping[str, tuple[ArrayLike, ArrayLike]] | None = None,
     details: Mapping[str, Any] | None = None,
+    claimed_mu: float | None = None,
 ) -> TrainingAuditResult:
     """Audit independent releases: ``y0`` without the canary, ``y1`` with it.
 
@@ -330,6 +333,14 @@ def audit_release_samples(
     along the other examples' direction: what a batch-dependent normaliser moves) gets the
     threshold attack. The confidence is split evenly over the canary audit and the features,
     so the reported maximum holds at ``confidence`` when the releases are independent.
+
+    ``claimed_mu``: when the claim is a Gaussian trade-off curve (one Gaussian step without
+    amplification: ``mu = 1 / sigma``), the canary releases are also tested against mu-GDP
+    (:func:`renyi.audit.fdp.gdp_samples_mu_lower_bound`, its own share of the confidence):
+    ``fdp_claim_refuted`` and ``passed`` report it, ``mu_lower_bound`` is the refuted
+    ``mu``. Far stronger than the ``(epsilon, delta)`` bound at small ``delta``: it sees a
+    sensitivity twice the claimed one, or half the noise at every other step, with
+    samples that leave the ``(epsilon, delta)`` bound below the claim.
 
     Example:
         >>> gen = np.random.default_rng(0)
@@ -342,7 +353,8 @@ def audit_release_samples(
     conf = _check_conf(confidence)
     claim = check_range("claimed_epsilon", claimed_epsilon, 0.0, math.inf)
     extra = dict(features or {})
-    each = 1.0 - (1.0 - conf) / (1 + len(extra))
+    mu_claim = None if claimed_mu is None else check_range("claimed_mu", claimed_mu, 0, math.inf)
+    each = 1.0 - (1.0 - conf) / (1 + len(extra) + (mu_claim is not None))
     residue = None if lattice is None else (multiplier, float(lattice))
     main = audit_samples(
         y0,
@@ -363,6 +375,16 @@ def audit_release_samples(
         if r.epsilon_lower > best:
             best, best_name = r.epsilon_lower, name
     y0a, y1a = np.asarray(y0), np.asarray(y1)
+    mu_lb: float | None = None
+    refuted: bool | None = None
+    eps_gdp = 0.0
+    gdp: dict[str, Any] = {}
+    if mu_claim is not None:
+        from renyi.analysis.closed_forms import gaussian_epsilon
+
+        mu_lb, gdp = gdp_samples_mu_lower_bound(y0a, y1a, each)
+        refuted = mu_lb > mu_claim
+        eps_gdp = float(gaussian_epsilon(mu_lb, d)) * (1.0 - 1e-9) if mu_lb > 0 else 0.0
     return TrainingAuditResult(
         "releases",
         best,
@@ -370,13 +392,17 @@ def audit_release_samples(
         d,
         conf,
         int(y0a.size + y1a.size),
-        bool(best <= claim),
+        bool(best <= claim) and not refuted,
+        mu_lower_bound=mu_lb,
+        epsilon_gdp=None if mu_lb is None else eps_gdp,
+        fdp_claim_refuted=refuted,
         details={
             **dict(details or {}),
             "samples_without": int(y0a.size),
             "samples_with": int(y1a.size),
             "best": best_name,
             "bounds": found,
+            **({"gdp": {"claimed_mu": mu_claim, **gdp}} if mu_claim is not None else {}),
         },
         audit=main,
     )
