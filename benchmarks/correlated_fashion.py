@@ -131,6 +131,8 @@ def _methods(
             "noise": "tree", "strategy": TreeStrategy(), "sampling": "poisson", "parts": parts,
         },
     }  # fmt: skip
+    if steps > 4096:  # the tree's error needs its dense noising matrix
+        del specs["tree"]
     for b in BANDS:
         if b * batch <= n:
             s = optimize_banded(steps, b, workload=work)
