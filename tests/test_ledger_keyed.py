@@ -184,3 +184,45 @@ def test_300_single_bit_flips_give_ledger_error_or_the_same_ledger(tmp_path):
             continue
         assert seen == want, f"bit flip at byte {at} changed the ledger silently"
     assert refused > 0
+
+
+def _delete_ledger_rows(execute, name):
+    for table in ("meta", "entries", "state"):
+        execute(table, name)
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+def test_a_deleted_period_bucket_is_not_started_again_at_zero(tmp_path, request, store):
+    """Held-out review: deleting a bucket's rows (no key needed) made ``bucket(period)``
+    create it afresh, that period's budget back to zero spent. The parent ledger's chain now
+    records each bucket's id when it is opened, so a recorded bucket that is missing or
+    replaced is refused."""
+    if store == "sqlite":
+        target = tmp_path / "b.sqlite"
+
+        def execute(table, name):
+            conn = sqlite3.connect(target)
+            conn.execute(f"DELETE FROM {table} WHERE ledger = ?", (name,))
+            conn.commit()
+            conn.close()
+
+    else:
+        psycopg = pytest.importorskip("psycopg")
+        target = request.getfixturevalue("postgres_url")
+        url = target.rsplit("#", 1)[0]
+
+        def execute(table, name):
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(f"DELETE FROM renyi_ledger_{table} WHERE ledger = %s", (name,))
+
+    parent = Budget(epsilon=10.0, ledger=target, key=KEY, period="month")
+    november = parent.bucket("2026-11")
+    _spend(november, 9, eps=1.0)
+    assert parent.bucket("2026-11").ledger_id == november.ledger_id  # reopened, not new
+    _delete_ledger_rows(execute, f"{parent.name}@2026-11")
+    again = Budget.open(target, key=KEY)
+    with pytest.raises(LedgerError, match="missing"):
+        again.bucket("2026-11")
+    with pytest.raises(LedgerError, match="missing"):
+        parent.bucket("2026-11")
+    assert again.bucket("2026-12").remaining() == 10.0  # another period is its own budget

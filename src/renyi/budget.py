@@ -467,15 +467,52 @@ class Budget:
         It is the ledger ``<name>@<period>`` of the same store, with this budget's limit and
         key, e.g. ``budget.bucket("2026-11")`` for ``period="month"``. Each bucket is its own
         filter: sound only for releases that read that period's data alone (see ``period``).
+
+        When a bucket is first opened, its id is recorded in this ledger's own chain (an entry
+        of cost 0, labelled ``bucket <period>``); a recorded bucket that is later missing
+        from the store, or carries another id, is refused (:class:`LedgerError`) instead of
+        being started again at zero spent. Keyed, this holds against anyone without the
+        key who can edit the store (not against a rollback of the whole store).
         """
         if self.period is None:
             raise fail("period", None, "a time-bucketed budget (Budget(..., period=...))")
         check_period(self.period, period)
         spec = {k: v for k, v in self._spec.items() if k not in ("period", "chain")}
         spec.update(bucket=period, bucket_of=self.name)
+        store = self._store.named(f"{self.name}@{period}")
+        recorded = self._bucket_ids().get(period)
+        if recorded is not None and store.info() is None:
+            raise LedgerError(
+                f"{store.describe()}: bucket {period!r} of ledger {self.name!r} was opened as "
+                f"ledger {recorded} (recorded in {self.name!r}'s chain) and is missing from "
+                "the store: deleted; refusing to start that period again at zero spent"
+            )
         out = Budget.__new__(Budget)
-        out._init(spec, self._store.named(f"{self.name}@{period}"), self._key, None)
+        out._init(spec, store, self._key, recorded)
+        if recorded is None:
+            receipt = self._charge(
+                PureDpEvent(0.0),
+                1,
+                label=f"bucket {period}",
+                metadata={"bucket": period, "bucket_id": out.ledger_id},
+                idempotency_key=f"bucket:{period}",
+            )
+            if not same_digest(str(receipt.metadata.get("bucket_id")), out.ledger_id):
+                raise LedgerError(
+                    f"{store.describe()} is ledger {out.ledger_id}, but {self.name!r}'s chain "
+                    f"records bucket {period!r} as ledger {receipt.metadata.get('bucket_id')}: "
+                    "replaced; refusing to use it"
+                )
         return out
+
+    def _bucket_ids(self) -> dict[str, str]:
+        """``{period: bucket ledger id}`` as recorded in this ledger's verified chain."""
+        ids: dict[str, str] = {}
+        for e in self.entries():
+            period, bucket_id = e.metadata.get("bucket"), e.metadata.get("bucket_id")
+            if isinstance(period, str) and isinstance(bucket_id, str):
+                ids.setdefault(period, bucket_id)
+        return ids
 
     def _check_expected(self, expect_id: str | None) -> None:
         if expect_id is not None and not same_digest(str(expect_id), self._id):
@@ -845,6 +882,20 @@ class Budget:
                 f"period's data only; spend with budget.bucket(<the {self.period}>) (ledger "
                 f"'{self.name}@<{self.period}>' of the service)",
             )
+        return self._charge(
+            event, count, label=label, metadata=metadata, idempotency_key=idempotency_key
+        )
+
+    def _charge(
+        self,
+        event: Event,
+        count: int,
+        *,
+        label: str | None,
+        metadata: dict[str, Any] | None,
+        idempotency_key: str | None,
+    ) -> Receipt:
+        """:meth:`spend` without the time-bucket check (the buckets' own records use it)."""
         cost = self.cost(event, count)
         event_dict = event.to_dict()
         meta = _check_metadata(metadata)
