@@ -198,7 +198,7 @@ def import_all() -> float:
     import renyi.accountants.rdp
     import renyi.dpsgd
     import renyi.noise
-    import renyi.random  # noqa: F401
+    import renyi.random
     from renyi.dpsgd.optimizer import DPOptimizer  # noqa: F401
     from renyi.dpsgd.sampler import PoissonSampler  # noqa: F401
 
@@ -212,6 +212,8 @@ def import_all() -> float:
     except ImportError:  # renyi.random then uses os.urandom alone, in every configuration
         pass
     torch.set_num_threads(1)
+    # the secure noise's compiled kernels (numba, cffi) load on first use: in every child
+    renyi.noise.gaussian(torch.zeros(8), 1.0)
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

@@ -145,7 +145,11 @@ class _Call:
         batch: int,
         batch_first: bool = True,
     ) -> None:
-        leaves, self.spec = tree_flatten((args, kwargs))
+        self.spec: Any = None
+        if kwargs or not all(isinstance(a, Tensor) for a in args):
+            leaves, self.spec = tree_flatten((args, kwargs))
+        else:
+            leaves = list(args)  # the common call model(x): no tree walk
         self.model, self.leaves = model, [_detach(v) for v in leaves]
         self.where = [
             i
@@ -163,6 +167,8 @@ class _Call:
         leaves = list(self.leaves)
         for i, v in zip(self.where, inputs, strict=True):
             leaves[i] = v
+        if self.spec is None:
+            return self.model(*leaves)
         args, kwargs = tree_unflatten(leaves, self.spec)
         return self.model(*args, **kwargs)
 
@@ -267,6 +273,7 @@ class PerExampleCapture:
         self.last_forwards = 0
         self._probe_schedule = CheckSchedule(budget=check_budget)
         self._marks: list[tuple[str, Tensor, Tensor | None, int]] = []
+        self._zeros: dict[str, Tensor] = {}
         detached = {
             f"{n}.{p}" if n else p
             for n, lay in self.engine._layers.items()
@@ -373,8 +380,10 @@ class PerExampleCapture:
         if self._busy or not torch.is_grad_enabled() or is_engine_running():
             return
         self._finish_pending()
-        leaves = tree_flatten((args, kwargs))[0]
-        tensors = [a for a in leaves if isinstance(a, Tensor)]
+        if not kwargs and all(isinstance(a, Tensor) for a in args):
+            tensors = list(args)  # the common call model(x): no tree walk
+        else:
+            tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, Tensor)]
         if not tensors or tensors[0].ndim == 0:
             raise fail("model input", type(args).__name__, "a tensor batched along dim 0")
         batch = int(tensors[0].shape[input_batch_dim(tensors[0], self.batch_first)])
@@ -425,9 +434,12 @@ class PerExampleCapture:
                 )
                 break
         self._marks = []
-        for p in self.engine._params.values():
+        for name, p in self.engine._params.items():
             if p.grad is None:
-                p.grad = torch.zeros_like(p)
+                zero = self._zeros.get(name)
+                if zero is None or zero._version != 0 or zero.shape != p.shape:
+                    zero = self._zeros[name] = torch.zeros_like(p)  # reused while unchanged
+                p.grad = zero
 
     def _probe_due(self) -> bool:
         return self.engine.self_check and self._probe_schedule.due()

@@ -724,8 +724,11 @@ def _reduction(node: Any, seams: Mapping[Any, SeamInfo]) -> Reduction:
     if any(i >= len(saved) for i, _, _ in edges):
         raise _fix(name, "has a weight that requires grad (a learnable loss weight)")
     terms = _FUSED[name](node)
-    with torch._C.DisableTorchFunctionSubclass(), _exact(), torch.no_grad():
-        shape = terms(*[s.detach() for s in saved]).shape
+    known = _terms_shape(name, node, saved)
+    if known is None:
+        with torch._C.DisableTorchFunctionSubclass(), _exact(), torch.no_grad():
+            known = terms(*[s.detach() for s in saved]).shape
+    shape = torch.Size(known)
     r = Reduction(node, name, mode, 0.0, torch.Size(shape), edges, terms, saved)
     if name.startswith("NllLoss"):
         ignore = _signed(node._saved_ignore_index)
@@ -733,6 +736,18 @@ def _reduction(node: Any, seams: Mapping[Any, SeamInfo]) -> Reduction:
         r.counted = (target != ignore).reshape(shape)
         r.weights_total = _value(node._saved_total_weight)
     return r
+
+
+def _terms_shape(name: str, node: Any, saved: list[Tensor]) -> torch.Size | None:
+    """The shape of a fused loss's per-element terms, from its saved tensors (None: not
+    known without evaluating them)."""
+    if name == "MultilabelMarginLossBackward0":
+        return torch.Size(node._saved_target.shape[:-1])
+    if name.startswith("NllLoss") or name == "MultiMarginLossBackward0":
+        return torch.Size(node._saved_target.shape)
+    if name in _TWO_INPUTS and len(saved) == 2:
+        return torch.broadcast_shapes(saved[0].shape, saved[1].shape)
+    return None
 
 
 def _mask_from_product(r: Reduction) -> None:
