@@ -70,6 +70,10 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[int], Tensor]]] = {
     "lstm": (LSTMNet, lambda n: torch.randint(0, 12, (n, 5))),
     "transformer": (Transformer, lambda n: torch.randint(0, 12, (n, 6))),
     "hybrid": (PReLUNet, lambda n: torch.randn(n, 4)),
+    "rmsnorm": (
+        lambda: nn.Sequential(nn.Linear(4, 6), nn.RMSNorm(6), nn.Tanh(), nn.Linear(6, 3)),
+        lambda n: torch.randn(n, 4),
+    ),
 }
 
 

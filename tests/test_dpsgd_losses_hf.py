@@ -94,3 +94,49 @@ def _gpt2(kind: str) -> Any:
 def test_gpt2_built_in_losses_leave_one_out_at_most_c(kind: str) -> None:
     model = _gpt2(kind)
     assert leave_one_out(model, _batch(kind)) <= 1.0
+
+
+def test_gpt2_full_fine_tuning_equals_a_batch_of_one_loop() -> None:
+    """Every GPT-2 layer has a ghost rule (``Conv1D`` as an affine map with its weight stored
+    ``[in, out]``): the captured clipped sum equals clipping each example's own gradient of
+    its own loss (the mean over its own tokens), in float64."""
+    torch.manual_seed(1)
+    cfg = transformers.GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=8,
+        n_embd=8,
+        n_layer=1,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=False,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.GPT2LMHeadModel(cfg).double()
+    batch = _batch("lm")
+    batch["position_ids"] = torch.arange(T).expand(B, T)  # per example (not broadcast)
+    c = 0.5
+    cap = PerExampleCapture(model, max_grad_norm=c)
+    try:
+        assert cap.mode == "ghost"
+        model(**batch).loss.backward()
+        got, _, _ = cap.pop_clipped_sum()
+    finally:
+        cap.remove()
+    params = dict(model.named_parameters())
+    want = {k: torch.zeros_like(p) for k, p in params.items()}
+    for i in range(B):
+        loss = model(**{k: v[i : i + 1] for k, v in batch.items()}).loss
+        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+        g = [
+            torch.zeros_like(p) if x is None else x
+            for x, p in zip(grads, params.values(), strict=True)
+        ]
+        norm = float(torch.sqrt(sum((x**2).sum() for x in g)))
+        w = min(1.0, c / (norm * (1 + 1e-6)))
+        for k, x in zip(params, g, strict=True):
+            want[k] += w * x
+    for k in want:
+        assert torch.allclose(got[k], want[k], rtol=1e-9, atol=1e-12), k

@@ -45,6 +45,7 @@ Example:
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -82,7 +83,17 @@ GHOST_LAYER_TYPES: tuple[type[nn.Module], ...] = (
     nn.Embedding,
     nn.LayerNorm,
     nn.GroupNorm,
+    nn.RMSNorm,
 )
+
+
+def hf_conv1d() -> type[nn.Module] | None:
+    """Hugging Face's ``transformers.pytorch_utils.Conv1D`` (GPT-2's projections: an affine
+    map ``x W + b`` with ``W`` stored ``[in, out]``), if ``transformers`` is loaded; it has
+    the ghost rule of ``nn.Linear`` with the weight transposed."""
+    mod = sys.modules.get("transformers.pytorch_utils")
+    cls = getattr(mod, "Conv1D", None) if mod is not None else None
+    return cls if isinstance(cls, type) else None
 
 
 class LayerGrads(Protocol):
@@ -100,7 +111,7 @@ class LayerGrads(Protocol):
 def supports_ghost(module: nn.Module) -> bool:
     """Whether ``module`` has a ghost-norm rule (exact type match of the supported layers, or a
     subclass that does not override ``forward``)."""
-    for kind in GHOST_LAYER_TYPES:
+    for kind in (*GHOST_LAYER_TYPES, *filter(None, [hf_conv1d()])):
         if isinstance(module, kind):
             return type(module).forward is kind.forward
     return False
@@ -141,6 +152,24 @@ def detached_forward(module: nn.Module) -> Callable[[Tensor], Tensor]:
         return lambda x: F.group_norm(
             x, module.num_groups, d(module.weight), d(module.bias), module.eps
         )
+    if isinstance(module, nn.RMSNorm):
+        return lambda x: F.rms_norm(
+            x,
+            module.normalized_shape,  # type: ignore[arg-type]
+            d(module.weight),
+            module.eps,
+        )
+    conv1d = hf_conv1d()
+    if conv1d is not None and isinstance(module, conv1d):
+        w: Tensor = module.weight  # type: ignore[assignment]
+        b: Tensor = module.bias  # type: ignore[assignment]
+        nf = int(w.shape[1])
+
+        def affine(x: Tensor) -> Tensor:
+            out = torch.addmm(d(b), x.reshape(-1, x.shape[-1]), d(w))  # type: ignore[arg-type]
+            return out.view(*x.shape[:-1], nf)
+
+        return affine
     raise UnsupportedModelError(f"layer {type(module).__name__} has no ghost-norm rule")
 
 
@@ -765,19 +794,41 @@ class _EmbeddingGrads:
         return {"weight": out}
 
 
+class _Transposed:
+    """The rule of an affine map whose weight is stored transposed (``[in, out]``)."""
+
+    def __init__(self, inner: LayerGrads) -> None:
+        self.inner = inner
+
+    def sq_norms(self) -> dict[str, Tensor]:
+        return self.inner.sq_norms()
+
+    def weighted_sum(self, weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        res = self.inner.weighted_sum(weights)
+        if "weight" in res:
+            res["weight"] = res["weight"].t()
+        return res
+
+
 def _norm_layer(
-    module: nn.LayerNorm | nn.GroupNorm, calls: Sequence[Call], names: Sequence[str], batch: int
+    module: nn.LayerNorm | nn.GroupNorm | nn.RMSNorm,
+    calls: Sequence[Call],
+    names: Sequence[str],
+    batch: int,
 ) -> PerExampleGrads:
     grads: dict[str, Tensor] = {}
     for x, g in _used_calls(calls):
-        if isinstance(module, nn.LayerNorm):
+        if isinstance(module, nn.LayerNorm | nn.RMSNorm):
             shape = tuple(module.normalized_shape)
             if x.ndim <= len(shape):
                 raise UnsupportedModelError(
-                    f"LayerNorm normalized_shape={shape} covers the batch dimension of an input "
-                    f"of shape {tuple(x.shape)}: it mixes examples"
+                    f"{type(module).__name__} normalized_shape={shape} covers the batch "
+                    f"dimension of an input of shape {tuple(x.shape)}: it mixes examples"
                 )
-            xhat = F.layer_norm(x, shape, None, None, module.eps)
+            if isinstance(module, nn.LayerNorm):
+                xhat = F.layer_norm(x, shape, None, None, module.eps)
+            else:
+                xhat = F.rms_norm(x, shape, None, module.eps)
             dims = tuple(range(1, x.ndim - len(shape)))
         else:
             xhat = F.group_norm(x, module.num_groups, None, None, module.eps)
@@ -827,8 +878,12 @@ def ghost_layer_grads(
         return _ConvGrads(module, calls, names, batch)
     if isinstance(module, nn.Embedding):
         return _EmbeddingGrads(module, calls, batch)
-    if isinstance(module, nn.LayerNorm | nn.GroupNorm):
+    if isinstance(module, nn.LayerNorm | nn.GroupNorm | nn.RMSNorm):
         return _norm_layer(module, calls, names, batch)
+    conv1d = hf_conv1d()
+    if conv1d is not None and isinstance(module, conv1d):
+        nx, nf = module.weight.shape  # type: ignore[misc]
+        return _Transposed(_linear_from(_used_calls(calls), int(nx), int(nf), names, batch))
     raise UnsupportedModelError(
         f"layer {type(module).__name__} has no ghost-norm rule; supported: "
         + ", ".join(t.__name__ for t in GHOST_LAYER_TYPES)
