@@ -290,3 +290,22 @@ def test_an_extra_forward_between_backward_and_step_trains() -> None:
         accuracy = (private(x).argmax(1) == y).float().mean()  # with grad, no backward
         optimizer.step()
     assert optimizer.steps_taken == len(loader) and 0.0 <= float(accuracy) <= 1.0
+
+
+def test_outputs_behave_as_plain_tensors() -> None:
+    """The traced outputs print as tensors, and what cannot reach a backward (a detached
+    value, an argmax, a metric) is a plain tensor again; a loss through torch.max(dim) works."""
+    torch.manual_seed(7)
+    model = _mlp().double()
+    cap = PerExampleCapture(model, max_grad_norm=1.0)
+    try:
+        x, y = _class_data()
+        out = model(x)
+        assert repr(out).startswith("tensor(")
+        assert type(out.detach()) is torch.Tensor and type(out.argmax(1)) is torch.Tensor
+        assert type((out.argmax(1) == y).float().mean()) is torch.Tensor
+        out.max(dim=1).values.mean().backward()  # a per-example max over classes, then a mean
+        _, n, _ = cap.pop_clipped_sum()
+        assert n == x.shape[0]
+    finally:
+        cap.remove()

@@ -157,7 +157,28 @@ class TracedOutput(Tensor):
             return _tensor_backward(*args, **kwargs)
         if func is torch.autograd.backward:
             return _autograd_backward(*args, **kwargs)
-        return super().__torch_function__(func, types, args, kwargs)
+        with torch._C.DisableTorchFunctionSubclass():
+            ret = func(*args, **kwargs)
+        return _keep_traced(ret, cls)
+
+    def __repr__(self, **kwargs: Any) -> str:  # type: ignore[override]
+        with torch._C.DisableTorchFunctionSubclass():
+            return Tensor.__repr__(self.as_subclass(Tensor), **kwargs)
+
+
+def _keep_traced(ret: Any, cls: type) -> Any:
+    """Results that can reach a backward stay traced; the others (detached values, metrics,
+    integer results) are plain tensors again."""
+    if isinstance(ret, Tensor):
+        if isinstance(ret, cls) or not ret.requires_grad:
+            return ret
+        with torch._C.DisableTorchFunctionSubclass():
+            return ret.as_subclass(cls)
+    if isinstance(ret, tuple | list) and any(isinstance(r, Tensor) for r in ret):
+        # tuples, lists and torch's structseq results (torch.max(..., dim) etc.), as torch's
+        # own Tensor.__torch_function__ converts them
+        return type(ret)(_keep_traced(r, cls) for r in ret)
+    return ret
 
 
 def _plain(t: Any) -> Any:
