@@ -245,6 +245,34 @@ def test_audit_train_config_file_and_plot(capsys, tmp_path):
     assert "epsilonn" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "config, needle",
+    [
+        ({"epochs": -1}, "epochs=-1"),  # ran an audit of no training, and passed
+        ({"canaries": 0}, "canaries=0"),
+        ({"confidence": 1.5}, "confidence=1.5"),
+        ({"sampling": "sometimes"}, "sometimes"),
+        ({"no_baseline": "yes"}, "true or false"),
+        ({"epsilon": [1, 2]}, "a number or a string"),
+    ],
+)
+def test_audit_train_config_values_are_checked_like_flags(capsys, tmp_path, config, needle):
+    """Held-out review: the config's values skipped the flags' checks."""
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps(config))
+    assert main(["audit", "train", "--limit", "300", "--seed", "0", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "c.json" in err and "Traceback" not in err
+
+
+def test_audit_train_on_no_data_is_our_error(capsys):
+    """Held-out review: --limit 0 was an internal error (torch's min of an empty tensor)."""
+    pytest.importorskip("torch")
+    assert main([*TRAIN, "--limit", "0"]) in (1, 2)
+    err = capsys.readouterr().err
+    assert "internal error" not in err and "dataset" in err
+
+
 def test_audit_train_catches_a_planted_bug(capsys):
     """Noise divided by the batch size twice: refuted in one run (confidence 0.95)."""
     pytest.importorskip("torch")

@@ -741,7 +741,11 @@ def add_example_canaries(
     m = check_int("canaries", canaries, 1)
     k = check_int("classes", classes, 2)
     xs, ys = dataset.tensors
+    if len(xs) == 0:
+        raise fail("dataset", "an empty dataset", "at least one example (the canaries' range)")
     lo, hi = float(xs.min()), float(xs.max())
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise fail("dataset", "non-finite inputs", "finite inputs (the canaries' range)")
     u = torch.as_tensor(rng.random((m, *xs.shape[1:])), dtype=xs.dtype)
     cx = lo + (hi - lo) * u
     cy = torch.as_tensor(rng.integers(0, k, size=m), dtype=ys.dtype)

@@ -634,6 +634,7 @@ def _train_options(args: argparse.Namespace) -> argparse.Namespace:
             ) from None
         if not isinstance(loaded, dict):
             raise PrivacyParameterError(f"config={args.config!r} is invalid: expected an object")
+        given: dict[str, Any] = {}
         for key, value in loaded.items():
             k = key.replace("-", "_")
             if k not in known:
@@ -641,11 +642,47 @@ def _train_options(args: argparse.Namespace) -> argparse.Namespace:
                     f"config key {key!r} is invalid: expected one of {sorted(known)}"
                 )
             if merged.get(k) == defaults[k]:
-                merged[k] = value
+                given[k] = value
+        merged.update(_checked_config(args.config, given))
     for k, v in _TRAIN_AUDIT_DEFAULTS.items():
         if merged.get(k) is None:
             merged[k] = v
     return argparse.Namespace(**merged)
+
+
+def _checked_config(path: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The config's values checked as the command line checks its own: each is passed to
+    ``renyi audit train``'s parser (the same types, ranges and choices), so a config cannot
+    set what the flags refuse (``"epochs": -1`` ran an audit of no training and passed)."""
+    from renyi.cli.main import UsageError, build_parser
+
+    parser = build_parser()
+    for name in ("audit", "train"):
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[name]
+    actions = {a.dest: a for a in parser._actions if a.option_strings}
+    argv: list[str] = []
+    for k, value in given.items():
+        action = actions[k]
+        flag = action.option_strings[-1]
+        if action.nargs == 0:  # a switch: true or false
+            if not isinstance(value, bool):
+                raise UsageError(
+                    f"config {path!r}: {k}={value!r} is invalid: expected true or false"
+                )
+            if value != action.default:
+                argv.append(flag)
+        elif value is not None:
+            if isinstance(value, bool | list | dict):
+                raise UsageError(
+                    f"config {path!r}: {k}={value!r} is invalid: expected a number or a string"
+                )
+            argv += [flag, str(value)]
+    try:
+        checked = parser.parse_args(argv)
+    except UsageError as exc:
+        raise UsageError(f"config {path!r}: {exc}") from None
+    return {k: getattr(checked, k) for k in given}
 
 
 def _run_train(args: argparse.Namespace) -> int:
