@@ -381,6 +381,30 @@ def test_state_export_restore_continues_the_session() -> None:
     assert abs(res.estimate - VALUES.mean()) < 8 * 2.0 / math.sqrt(K)
 
 
+def test_a_party_restored_from_its_latest_state_never_signs_a_second_list() -> None:
+    """Held-out review: the state persisted after the survivors reply (before it leaves the
+    party) makes a restarted party refuse that round again, whatever list the server sends
+    (restored from an older copy it would sign a second list: export_state's docstring)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureRandomnessWarning)
+        parties = _parties()
+    proto = SecAggProtocol(parties, SecAggServer(_proposal(), ROSTER))
+    seen: dict[str, dict] = {}
+
+    def keep(rnd: str, name: str, m: dict) -> dict:
+        if name == "p1" and rnd in ("survivors", "unmask"):
+            seen[rnd] = dict(m)
+        return m
+
+    proto.run(tamper=keep)
+    latest = proto.parties["p1"].export_state()  # after its unmask answer
+    for rnd in ("survivors", "unmask"):
+        again = SecAggParty(IDS[1], ROSTER, VALUES[1], POLICY, budget=None)
+        again.restore_state(latest)
+        other = {**seen[rnd], "u3": [n for n in seen["survivors"]["u3"] if n != "p9"]}
+        assert "abort" in again.handle(other if rnd == "survivors" else seen[rnd])
+
+
 def test_shamir_shares_of_32_bytes() -> None:
     """pycryptodome's GF(2**128) Shamir on each 16-byte half: any t shares rebuild the
     secret, t - 1 give an unrelated value."""

@@ -358,7 +358,11 @@ class GopaParty:
 
         For a party whose process restarts between rounds (a Flower ClientApp); keep it in
         the party's own storage. The ephemeral private key is in it only between join and
-        pairing; the value is not in it.
+        pairing; the value is not in it. Persist it after each round and before the reply
+        leaves the party, and restore only the latest copy: the reveal budget counts the
+        neighbours revealed in this state, so a party restored from an older copy could be
+        asked to reveal other neighbours again (a restored party's masked answer is the same
+        bytes; its reveals are not bounded across copies).
         """
         eph = None
         if self._eph is not None:

@@ -709,7 +709,15 @@ class SecAggParty:
 
     def export_state(self) -> str:
         """The session state as JSON (secret: keys, shares, noise), for a party process
-        that restarts between rounds. The value is not in it."""
+        that restarts between rounds. The value is not in it.
+
+        Persist it after each :meth:`handle` and *before* that reply leaves the party, and
+        restore only the latest copy: then a restarted party refuses a round it already
+        answered (out of order). Restored from an older copy it would answer that round
+        again with whatever the server sends — sign a second survivor list, or reveal the
+        other kind of share of a neighbour — which breaks the consistency round ("each
+        honest party signs one list") and with it double masking.
+        """
         st = dict(self._st)
         st["proposal"] = None if self._proposal is None else self._proposal.to_json()
         st["channels"] = {n: c.export_state().hex() for n, c in self._channels.items()}
