@@ -309,3 +309,25 @@ def test_outputs_behave_as_plain_tensors() -> None:
         assert n == x.shape[0]
     finally:
         cap.remove()
+
+
+def test_an_empty_batch_gives_zero_sums_and_validation_keeps_nothing_alive() -> None:
+    """An empty Poisson batch: the mean loss is NaN, but the seeded backward never uses the
+    reduced loss, so the step's sums are zero. Forward passes with gradients enabled and no
+    backward (a validation loop without ``no_grad``) keep at most one graph alive."""
+    from renyi.dpsgd import loss_graph
+
+    model = _tokens().double()
+    cap = PerExampleCapture(model, max_grad_norm=1.0)
+    try:
+        x, y = torch.zeros(0, T, dtype=torch.long), torch.zeros(0, T, dtype=torch.long)
+        F.cross_entropy(model(x).view(-1, K), y.view(-1)).backward()
+        sums, n, _ = cap.pop_clipped_sum()
+        assert n == 0 and all(not bool(v.any()) for v in sums.values())
+        xt, _ = _token_data()
+        for _ in range(20):
+            model(xt)
+        assert len(loss_graph._SEAMS) <= 2
+    finally:
+        cap.remove()
+    assert not loss_graph._SEAMS

@@ -268,7 +268,8 @@ class PerExampleCapture:
         self._norms: list[Tensor] = []
         self._captured = False
         self._error: RenyiError | None = None
-        self._closed: list[_Pending] = []
+        self._closed: list[_Recording] = []
+        self._unbacked: _Pending | None = None
         #: Forward passes (with a backward) in the sums of the last :meth:`pop_clipped_sum`.
         self.last_forwards = 0
         self._probe_schedule = CheckSchedule(budget=check_budget)
@@ -331,7 +332,7 @@ class PerExampleCapture:
         """
         try:
             self._finish_pending()
-            late = any(p.rec.late for p in self._closed)
+            late = any(rec.late for rec in self._closed)
             if self._error is not None:
                 raise self._error
             if late:
@@ -370,6 +371,7 @@ class PerExampleCapture:
         if self._pending is not None:
             self._close(self._pending)
             self._pending = None
+        self._reset()
         for h in self._handles:
             h.remove()
         self._handles = []
@@ -447,21 +449,28 @@ class PerExampleCapture:
     def _reset(self) -> None:
         self._sums, self._count, self._norms, self._captured = None, 0, [], False
         self._forwards, self._error = 0, None
-        for pending in self._closed:
-            release_seams(pending)
         self._closed = []
+        if self._unbacked is not None:
+            release_seams(self._unbacked)
+            self._unbacked = None
 
     def _close(self, pending: _Pending) -> None:
-        """The forward pass is over: its activations are dropped; a backward reaching it
-        later is refused (by the loss analysis, which still sees its outputs until the next
-        step, or through ``rec.late``)."""
+        """The forward pass is over: what it recorded is dropped (a validation loop run with
+        gradients enabled keeps nothing alive). A later backward reaching it is refused:
+        through ``rec.late`` at the step, or, for the last forward without a backward, by the
+        loss analysis (one loss from two forward passes), which still sees its outputs."""
         rec = pending.rec
         rec.active = False
         rec.closed = True
-        rec.records = {}
-        rec.recorders = {}
+        rec.records, rec.recorders, rec.grads, rec.versions = {}, {}, [], []
         pending.closed = True
-        self._closed.append(pending)
+        self._closed.append(rec)
+        if rec.backward_seen:
+            release_seams(pending)
+            return
+        if self._unbacked is not None:
+            release_seams(self._unbacked)
+        self._unbacked = pending
 
     def _finish_pending(self) -> None:
         pending, self._pending = self._pending, None
