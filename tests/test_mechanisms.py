@@ -9,6 +9,7 @@ import itertools
 import math
 import warnings
 from fractions import Fraction
+from typing import Any
 
 import mpmath
 import numpy as np
@@ -17,6 +18,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy import optimize
 
+from renyi.analysis.closed_forms import gaussian_epsilon
 from renyi.curves import DEFAULT_ORDERS, RdpCurve
 from renyi.divergence import renyi_divergence
 from renyi.errors import InsecureRandomnessWarning, PrivacyParameterError
@@ -631,3 +633,40 @@ def test_integer_mechanisms_stay_in_integers_beyond_float64():
         DiscreteLaplaceMechanism(2, 1).release(2.5)
     with pytest.raises(PrivacyParameterError):
         DiscreteLaplaceMechanism(2, 1).release(True)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: LaplaceMechanism(1.0, 1e308),
+        lambda: GaussianMechanism(1.0, 1e300),
+        lambda: GaussianMechanism(1e300, 1.0),
+        lambda: LaplaceMechanism(1e300, 1.0),
+    ],
+    ids=[
+        "laplace-huge-sensitivity",
+        "gaussian-huge-sensitivity",
+        "gaussian-huge-sigma",
+        "laplace-huge-scale",
+    ],
+)
+def test_parameters_beyond_the_lattice_range_get_our_error(make: Any) -> None:
+    """Ratios of noise scale to sensitivity that the integer lattice cannot hold are refused
+    up front, naming the parameter and the range (they raised OverflowError)."""
+    with pytest.raises(PrivacyParameterError, match="within a factor"):
+        make()
+
+
+def test_wide_shift_profile_is_bounded_not_enumerated() -> None:
+    """sigma = 1 with sensitivity 1e6 used to sum the exact CKS profile over ~2e9 integers
+    (15 GiB, killed by the OOM killer); the cheap proven bound is used instead. It is never
+    below the continuous Gaussian's epsilon at the sampler's own lattice parameters (its
+    sigma is rounded up a little, so mu there is slightly below sensitivity / sigma)."""
+    m = GaussianMechanism(1.0, 1e6)
+    eps = m.epsilon(1e-5)
+    ev = m.event()  # lattice units: sigma rounded down, so this mu is an upper bound
+    assert math.isfinite(eps)
+    assert eps >= gaussian_epsilon(ev.sensitivity / ev.sigma, 1e-5) * (1 - 1e-6)
+    assert eps <= gaussian_epsilon(1e6, 1e-5) * (1 + 1e-6)
+    m = GaussianMechanism(1.0, 1e11)
+    assert math.isfinite(m.epsilon(1e-5))

@@ -32,6 +32,10 @@ __all__ = ["GRANULARITY_BITS", "Calibration", "Mechanism"]
 #: L2, d for L1), so rounding the input inflates the sensitivity by a factor <= 1 + 2**-12.
 GRANULARITY_BITS = 12
 _MIN_GRANULARITY_EXP = -1000  # lattice steps below 2**-1000 would produce subnormal outputs
+_MAX_LATTICE_UNITS = 2.0**52  # noise scale and sensitivity, in lattice steps
+# max / g < ratio * spread * 2**13, so ratio * spread <= 2**39 always fits
+_MAX_RATIO_BITS = 52 - GRANULARITY_BITS - 1
+_MAX_RATIO = 2.0**_MAX_RATIO_BITS
 _MAX_LATTICE_INDEX = 2.0**1020  # |value / g| beyond this could overflow once noise is added
 
 
@@ -288,6 +292,17 @@ def granularity(
             name,
             noise_scale,
             f"a value with min({name}, sensitivity) / dimension >= 2**-988",
+        )
+    # The exact samplers and profiles work in integers of the lattice: the noise scale and
+    # the sensitivity in lattice units must stay far inside int64 (draws of up to 2**11
+    # scales, shifts summed over) -- a public bound on the parameters, never on the data.
+    if math.log2(max(noise_scale, sensitivity)) - exp > math.log2(_MAX_LATTICE_UNITS):
+        raise fail(
+            name,
+            noise_scale,
+            f"a value within a factor {_MAX_RATIO:.3g} of sensitivity={sensitivity!r} (their "
+            f"ratio times {'sqrt(dimension)' if name == 'sigma' else 'dimension'} at most "
+            f"2**{_MAX_RATIO_BITS}: the lattice would need integers beyond int64)",
         )
     return math.ldexp(1.0, exp)
 

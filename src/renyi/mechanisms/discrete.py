@@ -75,7 +75,9 @@ __all__ = [
     "discrete_laplace_rdp",
 ]
 
-_CKS_MAX_TERMS = 2**24  # the exact profile is evaluated only when 40 sigma < this many terms
+# the exact profile is evaluated only when it sums fewer terms than this (about
+# 12 sigma + Delta / 2 of them: see discrete_gaussian_delta)
+_CKS_MAX_TERMS = 2**24
 
 
 # ---------------------------------------------------------------- CKS Theorem 7
@@ -192,13 +194,17 @@ def _max_term_bound(s2: float, s: int, eps: float) -> float:
     return up(math.exp(log_bound))
 
 
-def _exact_is_cheap(sigma_squared: float | Fraction) -> bool:
-    return 40 * math.sqrt(float(sigma_squared)) < _CKS_MAX_TERMS
+def _exact_is_cheap(sigma_squared: float | Fraction, shift: int) -> bool:
+    """Whether the exact profile's sum is affordable: it runs over about ``12 sigma +
+    shift / 2`` integers (``40 sigma + shift`` is a safe over-count), so a shift of many
+    standard deviations is as costly as a wide noise (it used to allocate 15 GiB for
+    sigma = 1 and sensitivity 1e6)."""
+    return 40 * math.sqrt(float(sigma_squared)) + shift < _CKS_MAX_TERMS
 
 
 def scalar_gaussian_delta(sigma_squared: float | Fraction, shift: int, epsilon: float) -> float:
     """The CKS Thm. 7 profile, exact when affordable, else :func:`discrete_gaussian_delta_bound`."""
-    if _exact_is_cheap(sigma_squared):
+    if _exact_is_cheap(sigma_squared, shift):
         return discrete_gaussian_delta(sigma_squared, shift, epsilon)
     return discrete_gaussian_delta_bound(sigma_squared, shift, epsilon)
 
@@ -206,7 +212,7 @@ def scalar_gaussian_delta(sigma_squared: float | Fraction, shift: int, epsilon: 
 def scalar_gaussian_epsilon(sigma_squared: float | Fraction, shift: int, delta: float) -> float:
     """Smallest epsilon with :func:`scalar_gaussian_delta` ``<= delta`` (``inf`` when the bound
     cannot reach ``delta``), verified."""
-    if _exact_is_cheap(sigma_squared):
+    if _exact_is_cheap(sigma_squared, shift):
         return discrete_gaussian_epsilon(sigma_squared, shift, delta)
     d = check_delta(delta)
     s2 = float(sigma_squared)
