@@ -315,7 +315,6 @@ def test_an_empty_batch_gives_zero_sums_and_validation_keeps_nothing_alive() -> 
     """An empty Poisson batch: the mean loss is NaN, but the seeded backward never uses the
     reduced loss, so the step's sums are zero. Forward passes with gradients enabled and no
     backward (a validation loop without ``no_grad``) keep at most one graph alive."""
-    from renyi.dpsgd import loss_graph
 
     model = _tokens().double()
     cap = PerExampleCapture(model, max_grad_norm=1.0)
@@ -327,7 +326,11 @@ def test_an_empty_batch_gives_zero_sums_and_validation_keeps_nothing_alive() -> 
         xt, _ = _token_data()
         for _ in range(20):
             model(xt)
-        assert len(loss_graph._SEAMS) <= 2
+        assert len(_seams_of(cap)) <= 2
     finally:
         cap.remove()
-    assert not loss_graph._SEAMS
+    assert not _seams_of(cap)
+
+
+def _seams_of(cap: PerExampleCapture) -> list[Any]:
+    return list(cap.seams.values())

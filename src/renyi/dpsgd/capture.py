@@ -74,8 +74,7 @@ from renyi.dpsgd.loss_graph import (
     SeamInfo,
     TracedOutput,
     UnsupportedLossError,
-    register_seams,
-    release_seams,
+    register_source,
 )
 from renyi.errors import RenyiError
 
@@ -269,6 +268,9 @@ class PerExampleCapture:
         self._captured = False
         self._error: RenyiError | None = None
         self._closed: list[_Recording] = []
+        #: the model outputs of this capture's forward passes, where loss graphs end
+        self.seams: dict[Any, SeamInfo] = {}
+        register_source(self)
         self._unbacked: _Pending | None = None
         #: Forward passes (with a backward) in the sums of the last :meth:`pop_clipped_sum`.
         self.last_forwards = 0
@@ -406,7 +408,7 @@ class PerExampleCapture:
             if o.requires_grad and _batched(o, pending.batch) and o.grad_fn is not None:
                 pending.out_slots.append((rec.register(o), tuple(o.shape)))
                 seams[o.grad_fn] = SeamInfo(pending, pending.batch, get_gradient_edge(o))
-        register_seams(seams)
+        self.seams.update(seams)
         return _map_outputs(output, _traced)
 
     # ------------------------------------------------------------------ internals
@@ -451,8 +453,12 @@ class PerExampleCapture:
         self._forwards, self._error = 0, None
         self._closed = []
         if self._unbacked is not None:
-            release_seams(self._unbacked)
+            self._release_seams(self._unbacked)
             self._unbacked = None
+
+    def _release_seams(self, owner: _Pending) -> None:
+        for node in [n for n, s in self.seams.items() if s.owner is owner]:
+            del self.seams[node]
 
     def _close(self, pending: _Pending) -> None:
         """The forward pass is over: what it recorded is dropped (a validation loop run with
@@ -466,10 +472,10 @@ class PerExampleCapture:
         pending.closed = True
         self._closed.append(rec)
         if rec.backward_seen:
-            release_seams(pending)
+            self._release_seams(pending)
             return
         if self._unbacked is not None:
-            release_seams(self._unbacked)
+            self._release_seams(self._unbacked)
         self._unbacked = pending
 
     def _finish_pending(self) -> None:

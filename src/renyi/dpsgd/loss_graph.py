@@ -70,9 +70,10 @@ from __future__ import annotations
 import math
 import random
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -85,11 +86,12 @@ __all__ = [
     "LossMixingError",
     "LossPlan",
     "SeamInfo",
+    "SeamSource",
     "TracedOutput",
     "UnsupportedLossError",
     "analyse_loss",
-    "register_seams",
-    "release_seams",
+    "current_seams",
+    "register_source",
 ]
 
 
@@ -119,20 +121,27 @@ class SeamInfo:
     edge: GradientEdge | None = None
 
 
-#: Model outputs of the forward passes being captured: ``grad_fn`` node -> seam. Filled and
-#: emptied by :mod:`renyi.dpsgd.capture` (nodes are hashable and unique per graph node).
-_SEAMS: dict[Any, SeamInfo] = {}
+class SeamSource(Protocol):
+    """Holds the seams of the forward passes it captures (``grad_fn`` node -> seam)."""
+
+    seams: dict[Any, SeamInfo]
 
 
-def register_seams(nodes: Mapping[Any, SeamInfo]) -> None:
-    """Make ``nodes`` (``grad_fn`` of model outputs) the ends of loss graphs."""
-    _SEAMS.update(nodes)
+#: The live captures (weakly: a capture dropped with its model releases its graphs).
+_SOURCES: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def release_seams(owner: Any) -> None:
-    """Forget the seams of ``owner`` (its forward pass is finished or dropped)."""
-    for node in [n for n, s in _SEAMS.items() if s.owner is owner]:
-        del _SEAMS[node]
+def register_source(source: SeamSource) -> None:
+    """Make ``source.seams`` (``grad_fn`` of model outputs) ends of loss graphs."""
+    _SOURCES.add(source)
+
+
+def current_seams() -> dict[Any, SeamInfo]:
+    """The seams of every live capture."""
+    merged: dict[Any, SeamInfo] = {}
+    for source in list(_SOURCES):
+        merged.update(source.seams)
+    return merged
 
 
 # --------------------------------------------------------------------------- traced outputs
@@ -223,7 +232,7 @@ def seeded_backward(
     """
     with torch._C.DisableTorchFunctionSubclass():
         plain = [_plain(r) for r in roots]
-        plan = analyse_loss(plain, _SEAMS)
+        plan = analyse_loss(plain, current_seams())
         if plan is None:
             torch.autograd.backward(
                 plain,
