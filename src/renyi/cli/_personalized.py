@@ -28,7 +28,7 @@ def run_personalized(args: argparse.Namespace) -> int:
     import torch
 
     from renyi._validation import check_int, fail
-    from renyi.cli.train import _DEFAULTS, _load, build_model
+    from renyi.cli._training import DEFAULTS, build_model, load_data
     from renyi.dpsgd.trainer import evaluate
 
     started = time.perf_counter()
@@ -36,14 +36,14 @@ def run_personalized(args: argparse.Namespace) -> int:
         raise fail("--accounting", "individual", "standard with --user-level")
     if args.noise != "dpsgd" or args.sampling != "poisson":
         raise fail("--noise/--sampling", f"{args.noise}/{args.sampling}", "dpsgd/poisson here")
-    arch, epochs, batch, lr, clip, momentum = _DEFAULTS[args.dataset]
+    arch, epochs, batch, lr, clip, momentum = DEFAULTS[args.dataset]
     arch = args.model or arch
     epochs = args.epochs if args.epochs is not None else epochs
     batch = args.batch_size if args.batch_size is not None else batch
     lr = args.lr if args.lr is not None else lr
     clip = args.max_grad_norm if args.max_grad_norm is not None else clip
     torch.set_num_threads(check_int("--threads", args.threads, minimum=1))
-    train, test = _load(args)
+    train, test = load_data(args)
     torch.manual_seed(0 if args.seed is None else args.seed)  # initialisation only
     model = build_model(args.dataset, arch)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)

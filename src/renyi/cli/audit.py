@@ -171,18 +171,10 @@ def register(sub: Any) -> None:
 
 def _train_parser() -> argparse.ArgumentParser:
     """``renyi train``'s options, as a parent parser (the same flags and defaults)."""
-    from renyi.cli import train
+    from renyi.cli.train import add_training_options
 
-    scratch = argparse.ArgumentParser(add_help=False)
-    train.register(scratch.add_subparsers())
-    sub = next(a for a in scratch._actions if isinstance(a, argparse._SubParsersAction)).choices[
-        "train"
-    ]
     parent = argparse.ArgumentParser(add_help=False)
-    skip = {"help", "json", "plot", "no_progress"}
-    for action in sub._actions:
-        if action.dest not in skip:
-            parent._add_action(action)
+    add_training_options(parent)
     return parent
 
 
@@ -689,7 +681,7 @@ def _run_train(args: argparse.Namespace) -> int:
     import torch
 
     from renyi.audit.training import add_example_canaries, audit_training, example_scores
-    from renyi.cli import train as cli_train
+    from renyi.cli import _training as cli_training
     from renyi.dpsgd.trainer import Trainer
     from renyi.errors import OrderAtGridEdgeWarning
 
@@ -702,7 +694,7 @@ def _run_train(args: argparse.Namespace) -> int:
         )
     if o.threads is not None:
         torch.set_num_threads(max(1, int(o.threads)))
-    arch, epochs, batch, lr, clip, momentum = cli_train._DEFAULTS[o.dataset]
+    arch, epochs, batch, lr, clip, momentum = cli_training.DEFAULTS[o.dataset]
     arch = o.model if o.model is not None else arch
     epochs = o.epochs if o.epochs is not None else epochs
     batch = o.batch_size if o.batch_size is not None else batch
@@ -713,15 +705,15 @@ def _run_train(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore", OrderAtGridEdgeWarning)
         if o.seed is not None:
             warnings.simplefilter("ignore", InsecureRandomnessWarning)
-        data, _ = cli_train._load(o)
+        data, _ = cli_training.load_data(o)
         m_ex = int(o.example_canaries)
         extra: dict[str, Any] = {}
         if m_ex > 0:
             data, cx, cy, inc = add_example_canaries(data, m_ex, classes=10, rng=gen)
         sampling = o.sampling
-        accountant = cli_train._choose_accountant(o.accountant, sampling, len(data), batch)
+        accountant = cli_training.choose_accountant(o.accountant, sampling, len(data), batch)
         torch.manual_seed(0 if o.seed is None else o.seed)
-        model = cli_train.build_model(o.dataset, arch)
+        model = cli_training.build_model(o.dataset, arch)
         common: dict[str, Any] = dict(
             loss_fn=torch.nn.CrossEntropyLoss(),
             target_epsilon=o.epsilon,

@@ -22,56 +22,17 @@ import warnings
 from typing import Any
 
 from renyi.cli._output import format_table, print_json
+from renyi.cli._training import (
+    DATASETS,
+    DEFAULTS,
+    MODELS,
+    accountant_names,
+    build_model,
+    choose_accountant,
+    load_data,
+)
 
-DATASETS = ("digits", "fashion-mnist")
-
-
-MODELS = ("linear", "cnn")
-
-
-def build_model(dataset: str, arch: str = "cnn") -> Any:
-    """A model for ``dataset`` (no BatchNorm anywhere: it mixes the examples of a batch).
-
-    ``linear``: softmax regression on the pixels. ``cnn``: a small tanh CNN; on Fashion-MNIST
-    the CNN of Opacus's MNIST example (26k parameters), so accuracies compare with theirs.
-    """
-    from torch import nn
-
-    if arch == "linear":
-        side = 8 if dataset == "digits" else 28
-        return nn.Sequential(nn.Flatten(), nn.Linear(side * side, 10))
-    if dataset == "digits":
-        return nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1),
-            nn.Tanh(),
-            nn.AvgPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1),
-            nn.Tanh(),
-            nn.AvgPool2d(2),
-            nn.Flatten(),
-            nn.Linear(32 * 2 * 2, 10),
-        )
-    return nn.Sequential(
-        nn.Conv2d(1, 16, 8, stride=2, padding=3),
-        nn.Tanh(),
-        nn.MaxPool2d(2, 1),
-        nn.Conv2d(16, 32, 4, stride=2),
-        nn.Tanh(),
-        nn.MaxPool2d(2, 1),
-        nn.Flatten(),
-        nn.Linear(32 * 4 * 4, 32),
-        nn.Tanh(),
-        nn.Linear(32, 10),
-    )
-
-
-# Defaults per dataset: (model, epochs, batch size, learning rate, clipping norm, momentum).
-# Chosen on digits by a small sweep at ε = 3 (softmax regression beat the CNN: fewer
-# parameters, less noise); Fashion-MNIST follows Opacus's example set-up.
-_DEFAULTS: dict[str, tuple[str, float, int, float, float, float]] = {
-    "digits": ("linear", 15.0, 64, 2.0, 1.0, 0.0),
-    "fashion-mnist": ("cnn", 5.0, 256, 2.0, 1.0, 0.0),
-}
+__all__ = ["DATASETS", "MODELS", "add_training_options", "build_model", "register", "run"]
 
 
 def register(sub: Any) -> None:
@@ -81,6 +42,16 @@ def register(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_training_options(p)
+    p.add_argument("--plot", help="write a plot of epsilon over training to this file")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def add_training_options(p: argparse.ArgumentParser) -> None:
+    """The options that define a training run (data, model, target, sampling, noise, ...):
+    ``renyi train``'s own, and ``renyi audit train``'s, so the two accept the same runs."""
     p.add_argument("--dataset", choices=DATASETS, default="digits")
     p.add_argument("--model", choices=MODELS, help="architecture (default per dataset)")
     p.add_argument("--data-dir", help="directory of the Fashion-MNIST .gz IDX files")
@@ -146,50 +117,6 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--limit", type=int, help="use only the first LIMIT examples of each split")
     p.add_argument("--no-baseline", action="store_true", help="skip the non-private model")
-    p.add_argument("--plot", help="write a plot of epsilon over training to this file")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=run)
-
-
-def _accountant_names() -> list[str]:
-    from renyi.accountants import ACCOUNTANTS
-
-    return sorted(ACCOUNTANTS)
-
-
-def _choose_accountant(requested: str, sampling: str, n: int, batch: int) -> str:
-    """The accountant that calibrates σ: ``auto`` = the tightest that supports the event
-    (the sampler's own, :func:`renyi.analysis.events.training_event`)."""
-    from renyi._validation import fail
-    from renyi.accountants import make_accountant
-    from renyi.analysis.events import training_event
-
-    names = _accountant_names()
-    if requested != "auto":
-        if requested not in names:
-            raise fail("--accountant", requested, f"one of {names} or 'auto'")
-        return requested
-    b = min(batch, n) if batch >= 1 else batch
-    probe = training_event(sampling, 1.0, dataset_size=n, batch_size=b, steps=1)
-    for name in ("pld", "rdp", "zcdp"):
-        if name in names and make_accountant(name).supports(probe):
-            return name
-    raise fail("--sampling", sampling, "a sampling scheme some accountant can analyse")
-
-
-def _load(args: argparse.Namespace) -> tuple[Any, Any]:
-    from renyi.dpsgd.data import load_digits, load_fashion_mnist
-
-    if args.dataset == "digits":
-        train, test = load_digits()
-        if args.limit is not None:
-            from torch.utils.data import TensorDataset
-
-            train = TensorDataset(*(t[: args.limit] for t in train.tensors))
-            test = TensorDataset(*(t[: args.limit] for t in test.tensors))
-        return train, test
-    return load_fashion_mnist(args.data_dir, limit=args.limit)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -215,7 +142,7 @@ def _run(args: argparse.Namespace) -> int:
 
     warnings.simplefilter("ignore", OrderAtGridEdgeWarning)  # ε is still a valid bound
     started = time.perf_counter()
-    arch, epochs, batch, lr, clip, momentum = _DEFAULTS[args.dataset]
+    arch, epochs, batch, lr, clip, momentum = DEFAULTS[args.dataset]
     arch = args.model if args.model is not None else arch
     if args.threads is not None:
         if args.threads < 1:
@@ -228,9 +155,9 @@ def _run(args: argparse.Namespace) -> int:
     lr = args.lr if args.lr is not None else lr
     clip = args.max_grad_norm if args.max_grad_norm is not None else clip
 
-    train, test = _load(args)
+    train, test = load_data(args)
     sampling: str = args.sampling  # training_event's names (make_private takes them too)
-    accountant = _choose_accountant(args.accountant, sampling, len(train), batch)
+    accountant = choose_accountant(args.accountant, sampling, len(train), batch)
     init_seed = 0 if args.seed is None else args.seed
     torch.manual_seed(init_seed)  # model initialisation only (public, data-independent)
     model = build_model(args.dataset, arch)
@@ -314,7 +241,7 @@ def _run(args: argparse.Namespace) -> int:
             return min(plan.charges, -(-t // plan.round_length))
         return int(private.sampler.charges(t))
 
-    names = [name for name in _accountant_names() if make_accountant(name).supports(event)]
+    names = [name for name in accountant_names() if make_accountant(name).supports(event)]
     per_accountant: dict[str, float] = {}
     for name in names:
         per_accountant[name] = spent_epsilon_curve(event, [charged(steps)], args.delta, name)[0]

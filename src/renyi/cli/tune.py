@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from renyi.accountants import RdpAccountant
     from renyi.analysis.selection import RepetitionDistribution
     from renyi.calibration import epochs_to_steps
-    from renyi.cli.train import build_model
+    from renyi.cli._training import build_model
     from renyi.dpsgd.data import load_digits
     from renyi.dpsgd.privacy import make_private
     from renyi.dpsgd.trainer import Trainer, evaluate
