@@ -417,3 +417,46 @@ def test_shamir_shares_of_32_bytes() -> None:
     for idx in ([1, 2, 3], [5, 1, 4], [2, 4, 5]):
         assert _combine([(i, shares[i - 1]) for i in idx]) == secret
     assert _combine([(1, shares[0]), (2, shares[1])]) != secret
+
+
+# ---------------------------------------------------------------- the server's public admit
+
+
+def test_admit_names_only_a_verifiable_advert_for_this_proposal() -> None:
+    """``SecAggServer.admit``: a transport binds a node to a party only through it."""
+    p = _proposal()
+    server = SecAggServer(p, ROSTER)
+    party = _parties()[3]
+    reply = party.handle(server.propose())
+    assert server.admit(reply) == "p3"
+    raw = bytearray(reply["advert"])
+    raw[-70] ^= 1  # a flipped bit in the signed body
+    assert server.admit({"advert": bytes(raw)}) is None
+    other = SecAggServer(_proposal(session=bytes(range(16))), ROSTER)  # another session
+    assert other.admit(reply) is None
+    outsider = SecAggServer(_proposal(names=NAMES[:3] + NAMES[4:]), ROSTER)  # p3 not invited
+    assert outsider.admit(reply) is None
+    for junk in ({}, {"advert": b""}, {"advert": "text"}, {"advert": 5}, {"other": b"x"}):
+        assert server.admit(junk) is None
+    # a forged advert never enters the directory, whatever name the relay files it under
+    d = server.directory({"p3": reply, "p4": {"advert": bytes(raw)}, "p5": reply})
+    assert len(d["adverts"]) == 1 and set(server.adverts) == {"p3"}
+
+
+def test_secagg_flower_uses_only_secaggs_public_api() -> None:
+    import ast
+    import inspect
+
+    import renyi.federated.secagg as secagg
+
+    pytest.importorskip("flwr")
+    import renyi.federated.secagg_flower as secagg_flower
+
+    tree = ast.parse(inspect.getsource(secagg_flower))
+    imported = {
+        a.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "renyi.federated.secagg"
+        for a in node.names
+    }
+    assert imported and imported <= set(secagg.__all__)

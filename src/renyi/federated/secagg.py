@@ -774,15 +774,46 @@ class SecAggServer:
     def propose(self) -> dict[str, Any]:
         return {"round": "propose", "proposal": self.proposal.to_json()}
 
+    def admit(self, reply: Mapping[str, Any]) -> str | None:
+        """The party that verifiably sent this ``propose`` reply, else ``None``.
+
+        A reply is admitted only if its ``advert`` names a member of the proposed cohort,
+        signs this session's proposal digest and carries a valid signature by that
+        member's pinned roster key: a transport binds a node to a party with it (a node
+        whose reply is not admitted is ignored, never trusted with a name it claims).
+
+        >>> from renyi.federated.channels import IdentityKey, Roster
+        >>> ids = [IdentityKey(n) for n in ("a", "b")]
+        >>> policy = PartyPolicy(epsilon=5.0, delta=1e-5, min_sigma_eta=1.0, min_cohort=2,
+        ...                      min_peers=1, max_corrupt=0)
+        >>> p = SessionProposal(session=bytes(16), names=("a", "b"), sigma_eta=1.0,
+        ...                     sigma_delta=10.0, peers=2, threshold=1, min_survivors=2)
+        >>> server = SecAggServer(p, Roster.of(ids))
+        >>> party = SecAggParty(ids[0], Roster.of(ids), 0.5, policy, budget=None)
+        >>> reply = party.handle(server.propose())
+        >>> server.admit(reply), server.admit({"advert": b"forged"})
+        ('a', None)
+        """
+        try:
+            raw = bytes(reply["advert"])
+            body, sig = _unframe(raw, 2, "advert")
+            name_b, digest = _unframe(body, 5, "advert")[:2]
+            name = name_b.decode()
+        except (RenyiError, KeyError, TypeError, ValueError):
+            return None
+        if name not in self.proposal.names or digest != self.proposal.digest():
+            return None
+        return name if _verify(self.roster, name, sig, _h(b"advert", body)) else None
+
     def directory(self, replies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-        p = self.proposal
+        """The adverts of the cohort ``U1``: each reply admitted (:meth:`admit`) under the
+        name it was received for; anything else is left out."""
         for name, r in replies.items():
-            if "advert" not in r:
+            if "advert" not in r or self.admit(r) != name:
                 continue
             body, _ = _unframe(bytes(r["advert"]), 2, "advert")
             parts = _unframe(body, 5, "advert")
-            if parts[0].decode(errors="replace") == name and parts[1] == p.digest():
-                self.adverts[name] = [parts[2], parts[3], bytes(r["advert"])]
+            self.adverts[name] = [parts[2], parts[3], bytes(r["advert"])]
         return {"round": "directory", "adverts": [self.adverts[n][2] for n in sorted(self.adverts)]}
 
     def openings_round(self, replies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

@@ -64,15 +64,7 @@ from renyi.federated.flower_relay import relay_client_app, relay_over_grid
 from renyi.federated.gopa_flower import write_result
 from renyi.federated.gopa_party import ProtocolAbortedError
 from renyi.federated.relay import Outcome, Payload, Round, ScriptedDriver
-from renyi.federated.secagg import (
-    PartyPolicy,
-    SecAggParty,
-    SecAggServer,
-    SessionProposal,
-    _h,
-    _unframe,
-    _verify,
-)
+from renyi.federated.secagg import PartyPolicy, SecAggParty, SecAggServer, SessionProposal
 
 __all__ = [
     "SecAggDriver",
@@ -246,14 +238,7 @@ class SecAggDriver(ScriptedDriver):
 
     def admit(self, reply: Payload) -> str | None:
         """The party whose roster key signed this advert (else None: ignored)."""
-        try:
-            body, sig = _unframe(bytes(reply["advert"]), 2, "advert")
-            name = _unframe(body, 5, "advert")[0].decode()
-        except (RenyiError, KeyError, TypeError, ValueError):
-            return None
-        if name not in self.server.proposal.names:
-            return None
-        return name if _verify(self.roster, name, sig, _h(b"advert", body)) else None
+        return self.server.admit(reply)
 
     @staticmethod
     def _refused(phase: str, replies: Mapping[str, Payload]) -> Outcome | None:
