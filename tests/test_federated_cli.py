@@ -96,3 +96,40 @@ def test_gopa_run_bad_arguments_are_clean_errors(capsys):
     assert "parties=1" in capsys.readouterr().err
     assert main(["federated", "gopa-run", "--parties", "5", "--honest", "2"]) == 2
     assert "honest" in capsys.readouterr().err
+
+
+def test_gopa_run_secure_path_bad_arguments_are_clean_errors(capsys):
+    """Checked before any process starts: plain-GOPA flags without --trust-server, an
+    unsafe threshold, an odd degree, a coalition as large as a neighbourhood."""
+    pytest.importorskip("flwr")
+    for extra, word in (
+        (["--honest", "0.5"], "--trust-server"),
+        (["--reveal-budget", "1"], "--trust-server"),
+        (["--threshold", "1"], "threshold=1"),
+        (["--peers", "5"], "peers=5"),
+        (["--peers", "2", "--max-corrupt", "2"], "max_corrupt=2"),
+        (["--sessions", "0"], "sessions=0"),
+    ):
+        assert main(["federated", "gopa-run", "--parties", "10", *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert word in err and "Traceback" not in err, (extra, err)
+
+
+def test_gopa_run_default_protocol_refuses_a_zero_noise_server(capsys):
+    """Issue 25, first row, through the CLI's default path on a real deployment
+    (flower-superlink + 5 nodes): a server proposing sigma_eta = sigma_delta = 0 gets
+    nothing; every party refuses from its own pins, the command exits 1 without a
+    traceback and reports the worst-case epsilon the parties would have verified."""
+    pytest.importorskip("flwr")
+    argv = ["federated", "gopa-run", "--parties", "5", "--server-sigma-eta", "0",
+            "--server-sigma-delta", "0", "--timeout", "120", "--json"]  # fmt: skip
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    d = json.loads(captured.out)
+    assert d["trusts_server"] is False and d["released"] == 0
+    assert d["server_proposal"]["sigma-eta"] == 0.0
+    (s,) = d["sessions"]
+    assert s["status"] == "aborted"
+    assert s["reason"].count("sigma_eta = 0.0 < its minimum") == 5
+    assert d["epsilon_worst_case"] <= d["epsilon_target"] == 1.0

@@ -303,25 +303,32 @@ def test_deployment_matches_reference_and_cli_runs() -> None:
             VALUES, sigma_eta=SIGMA_ETA, sigma_delta=SIGMA_DELTA, peers=PEERS, noise_keys=KEYS
         )
         assert abs(ref.run().estimate - res.estimate) <= G
-    out = subprocess.run(
-        [sys.executable, "-m", "renyi", "federated", "gopa-run", "--parties", "5", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    cmd = [sys.executable, "-m", "renyi", "federated", "gopa-run", "--parties", "5", "--json"]
+    out = subprocess.run([*cmd, "--trust-server"], capture_output=True, text=True, timeout=600)
     d = json.loads(out.stdout)
-    assert d["status"] == "released" and d["parties"] == 5
+    assert d["status"] == "released" and d["parties"] == 5 and d["trusts_server"] is True
     assert abs(d["estimate"] - d["true_mean"]) < 8 * d["output_std"]
     assert d["central_std"] < d["output_std"]
+    # the default: double-masked GOPA, each party verified its worst-case epsilon itself
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    d = json.loads(out.stdout)
+    assert d["trusts_server"] is False and d["released"] == 1, d
+    (s,) = d["sessions"]
+    assert s["included"] == 5 and s["party_epsilon_max"] <= d["epsilon_target"]
+    assert abs(s["estimate"] - s["true_mean"]) < 8 * d["std_honest_server"]
 
 
 @pytest.mark.slow
-def test_k10_deployment_releases_and_reports_its_cost() -> None:
-    """K = 10 on a real deployment: released, with every party included (the wall time is
-    printed for the record, never asserted; benchmarks/gopa.py measures it)."""
+@pytest.mark.parametrize("start", ["fork", "exec"])
+def test_k10_deployment_releases_and_reports_its_cost(start: str) -> None:
+    """K = 10 on a real deployment, nodes forked from one launcher or each its own program:
+    released, with every party included (the wall time is printed for the record, never
+    asserted; benchmarks/gopa.py measures it)."""
     values = np.linspace(0.05, 0.95, 10).tolist()
     started = time.monotonic()
-    res = run_local_deployment(values, sigma_eta=0.3, sigma_delta=25.0, peers=3, notify=False)
+    res = run_local_deployment(
+        values, sigma_eta=0.3, sigma_delta=25.0, peers=3, notify=False, start=start
+    )
     assert res.status == "released", res.reason
     assert len(res.included) == 10
     print(f"K=10 deployment: {time.monotonic() - started:.1f} s, load {os.getloadavg()[0]:.1f}")

@@ -4,7 +4,12 @@
 * ``sigma``: noise of random-walk DP-SGD under local, network and central DP;
 * ``walk``: the network-DP experiment (accuracy vs ε on a real task);
 * ``fedavg``: client-level ε of DP-FedAvg;
-* ``gopa-run``: GOPA on a real local Flower deployment (superlink + one supernode per party).
+* ``gopa-run``: GOPA on a real local Flower deployment (superlink + one node per party):
+  by default double-masked GOPA (:mod:`renyi.federated.secagg`), in which every party
+  checks the server's proposal against its own pins and the reported ε is the worst case
+  each party verified itself (any graph, any ``--max-corrupt`` colluding parties, any lie
+  about dropouts); ``--trust-server`` runs plain GOPA, whose ε holds only for an honest
+  server and one random honest set.
 """
 
 from __future__ import annotations
@@ -74,15 +79,56 @@ def register(sub: Any) -> None:
     f.set_defaults(func=_fedavg)
 
     g = fsub.add_parser(
-        "gopa-run", help="run GOPA on a local Flower deployment (loopback) on synthetic values"
+        "gopa-run",
+        help="private mean on a local Flower deployment (loopback): double-masked GOPA whose"
+        " parties pin their own privacy (--trust-server: plain GOPA)",
     )
     g.add_argument("--parties", type=int, required=True, help="number of parties K (>= 2)")
-    g.add_argument("--honest", type=float, default=0.5, help="fraction rho of honest parties")
-    g.add_argument("--epsilon", type=float, default=1.0)
-    g.add_argument("--delta", type=float, default=1e-5)
-    g.add_argument("--peers", type=int, help="peers per party (default ceil(ln(rho K)/rho))")
     g.add_argument(
-        "--reveal-budget", type=int, default=0, help="neighbours a party may reveal (0: abort)"
+        "--epsilon", type=float, default=1.0, help="each party's per-session worst-case epsilon"
+    )
+    g.add_argument("--delta", type=float, default=1e-5)
+    g.add_argument(
+        "--max-corrupt",
+        type=int,
+        default=None,
+        help="parties each party assumes collude with the server (default 1; 0 for K = 2)",
+    )
+    g.add_argument(
+        "--peers", type=int, help="neighbours per party (default min(K - 1, 8); even if < K - 1)"
+    )
+    g.add_argument(
+        "--threshold", type=int, help="shares t of k that unmask (default: the least safe t)"
+    )
+    g.add_argument(
+        "--sessions", type=int, default=1, help="sessions run on the same nodes (default 1)"
+    )
+    g.add_argument(
+        "--budget-epsilon",
+        type=float,
+        help="each party's budget across sessions at --delta (default: what --sessions cost)",
+    )
+    for name, what in (
+        ("sigma-eta", "independent noise"),
+        ("sigma-delta", "pairwise noise"),
+        ("peers", "neighbours"),
+        ("threshold", "threshold"),
+        ("min-survivors", "least survivors"),
+    ):
+        g.add_argument(
+            f"--server-{name}",
+            type=int if name in ("peers", "threshold", "min-survivors") else float,
+            help=f"play the server: propose this {what} (each party checks it against its pins)",
+        )
+    g.add_argument(
+        "--trust-server",
+        action="store_true",
+        help="plain GOPA: the server chooses the noise and dropouts are revealed; its epsilon"
+        " holds only for an honest server and one random honest set",
+    )
+    g.add_argument("--honest", type=float, help="--trust-server: fraction rho of honest parties")
+    g.add_argument(
+        "--reveal-budget", type=int, help="--trust-server: neighbours a party may reveal (0)"
     )
     g.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
     g.add_argument("--seed", type=int, help="seed of the synthetic values (insecure)")
@@ -385,6 +431,149 @@ def _gopa_run(args: argparse.Namespace) -> int:
 
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    from renyi._validation import check_int, fail
+
+    check_int("parties", args.parties, 2)
+    if args.trust_server:
+        return _plain_gopa_run(args)
+    for dest in ("honest", "reveal_budget"):
+        if getattr(args, dest) is not None:
+            raise fail(dest, getattr(args, dest), "given only with --trust-server (plain GOPA)")
+    return _secure_gopa_run(args)
+
+
+def _secure_gopa_run(args: argparse.Namespace) -> int:
+    import time
+
+    from renyi._validation import check_delta, check_int, check_positive, fail
+    from renyi.analysis.closed_forms import gaussian_epsilon
+    from renyi.budget import Budget
+    from renyi.federated.secagg import PartyPolicy
+    from renyi.federated.secagg_accounting import (
+        calibrate_secagg,
+        smallest_safe_threshold,
+        threshold_is_safe,
+    )
+
+    # without flwr this raises ImportError naming `pip install 'renyi[flower]'` (cli.main shows it)
+    from renyi.federated.secagg_flower import run_secagg_deployment
+    from renyi.random import get_source
+
+    k = check_int("parties", args.parties, 2)
+    eps = check_positive("epsilon", args.epsilon)
+    delta = check_delta(args.delta)
+    if args.max_corrupt is None:
+        c = 1 if k > 2 else 0
+    else:
+        c = check_int("max_corrupt", args.max_corrupt, 0)
+    peers = check_int("peers", min(k - 1, 8) if args.peers is None else args.peers, 1)
+    if peers > k - 1 or (peers < k - 1 and peers % 2):
+        raise fail("peers", peers, f"K - 1 = {k - 1} (complete graph) or an even number below it")
+    if c >= peers:
+        raise fail("max_corrupt", c, f"fewer than the {peers} neighbours of a party")
+    t = smallest_safe_threshold(peers, c) if args.threshold is None else args.threshold
+    t = check_int("threshold", t, 1)
+    if not threshold_is_safe(t, peers, c):
+        raise fail("threshold", t, f"a safe threshold: {c} < t <= {peers} and 2t > {peers + c}")
+    cal = calibrate_secagg(eps, delta, threshold=t, corrupt=c)
+    quorum = (k + c) // 2 + 1
+    policy = PartyPolicy(
+        epsilon=eps, delta=delta, min_sigma_eta=cal.sigma_eta, min_cohort=quorum,
+        min_peers=peers, max_corrupt=c,
+    )  # fmt: skip
+    sessions = check_int("sessions", args.sessions, 1)
+    budget_eps = args.budget_epsilon
+    if budget_eps is None:  # what the requested sessions cost in the party's own budget
+        cost = Budget(epsilon=1e9, delta=delta).quote(cal.event(), sessions)["epsilon_after"]
+        budget_eps = float(cost) * (1.0 + 1e-9)
+    check_positive("budget_epsilon", budget_eps)
+    proposal = {
+        "sigma-eta": cal.sigma_eta if args.server_sigma_eta is None else args.server_sigma_eta,
+        "sigma-delta": (
+            cal.sigma_delta if args.server_sigma_delta is None else args.server_sigma_delta
+        ),
+        "peers": peers if args.server_peers is None else args.server_peers,
+        "threshold": t if args.server_threshold is None else args.server_threshold,
+        "min-survivors": quorum if args.server_min_survivors is None else args.server_min_survivors,
+        "sessions": sessions,
+    }
+    values = get_source(_rng(args.seed)).uniform(k)
+    started = time.monotonic()
+    (run,) = run_secagg_deployment(
+        values.tolist(), policy, [proposal], budget_epsilon=float(budget_eps),
+        budget_delta=delta, timeout=args.timeout,
+    )  # fmt: skip
+    out_sessions = []
+    for s in run.sessions:
+        row: dict[str, Any] = {"status": s.get("status")}
+        if s.get("status") == "released":
+            names = [str(n) for n in s.get("included", [])]
+            survivors = [int(n.split("-")[1]) for n in names]
+            party_eps = [float(e) for e in s.get("party_epsilon", {}).values()]
+            row.update(
+                estimate=s["estimate"],
+                true_mean=float(values[survivors].mean()),
+                included=len(names),
+                dropped=list(s.get("dropped", [])),
+                party_epsilon_max=max(party_eps) if party_eps else None,
+                influence_bound=s.get("influence_bound"),
+            )
+        else:
+            row["reason"] = s.get("reason", "")
+        out_sessions.append(row)
+    released = [r for r in out_sessions if r["status"] == "released"]
+    out: dict[str, Any] = {
+        "protocol": "double-masked GOPA (renyi.federated.secagg)",
+        "trusts_server": False,
+        "status": out_sessions[-1]["status"] if out_sessions else "aborted",
+        "parties": k,
+        "epsilon_target": eps,
+        "delta": delta,
+        "max_corrupt": c,
+        "peers": peers,
+        "threshold": t,
+        "min_survivors": quorum,
+        "sigma_eta": cal.sigma_eta,
+        "sigma_delta": cal.sigma_delta,
+        "mu_worst_case": cal.mu,
+        "epsilon_worst_case": float(gaussian_epsilon(cal.mu, delta)),
+        "std_honest_server": cal.sigma_eta / k**0.5,
+        "central_std_same_epsilon": 1.0 / (k * cal.mu),
+        "server_proposal": {k_: v for k_, v in proposal.items() if k_ != "sessions"},
+        "budget_epsilon": float(budget_eps),
+        "sessions": out_sessions,
+        "released": len(released),
+        "wall_seconds": time.monotonic() - started,
+        "bytes_per_party": run.bytes_per_party,
+    }
+    if args.json:
+        print_json(out)
+        return 0 if released else 1
+    print(
+        f"double-masked GOPA on {k} Flower nodes ({peers} peers, t = {t}, each party assumes"
+        f" up to {c} colluding with the server): sigma_eta = {cal.sigma_eta:.4g}, sigma_delta"
+        f" = {cal.sigma_delta:.4g}; every party verified epsilon <= {out['epsilon_worst_case']:.4g}"
+        f" at delta = {delta:g} per session, for any graph, coalition and lie about dropouts"
+    )
+    for i, r in enumerate(out_sessions, 1):
+        if r["status"] == "released":
+            print(
+                f"session {i}: estimate {r['estimate']:.6f} (true mean {r['true_mean']:.6f}) over"
+                f" {r['included']} parties; std {out['std_honest_server']:.4g} with an honest"
+                f" server (central DP at the same epsilon: {out['central_std_same_epsilon']:.4g})"
+            )
+        else:
+            print(f"session {i}: aborted, nothing released: {r['reason']}")
+    print(
+        f"{out['wall_seconds']:.1f} s (SuperLink and {k} nodes started and stopped),"
+        f" {run.bytes_per_party:.0f} bytes per party"
+    )
+    return 0 if released else 1
+
+
+def _plain_gopa_run(args: argparse.Namespace) -> int:
+    import os
+
     from renyi._validation import check_int
     from renyi.analysis.closed_forms import gaussian_epsilon
     from renyi.federated.gopa import calibrate_gopa, recommended_peers
@@ -394,11 +583,13 @@ def _gopa_run(args: argparse.Namespace) -> int:
     from renyi.random import get_source
 
     k = check_int("parties", args.parties, 2)
-    m = recommended_peers(k, args.honest) if args.peers is None else args.peers
+    honest = 0.5 if args.honest is None else args.honest
+    reveal = 0 if args.reveal_budget is None else check_int("reveal_budget", args.reveal_budget, 0)
+    m = recommended_peers(k, honest) if args.peers is None else args.peers
     sid = os.urandom(16)
     edges = session_graph(sid, k, m)
     cal = calibrate_gopa(
-        k, args.honest, args.epsilon, args.delta, peers=m, edges=edges, calibration="analytic"
+        k, honest, args.epsilon, args.delta, peers=m, edges=edges, calibration="analytic"
     )
     values = get_source(_rng(args.seed)).uniform(k)
     res = run_local_deployment(
@@ -407,11 +598,13 @@ def _gopa_run(args: argparse.Namespace) -> int:
         sigma_delta=cal.sigma_delta,
         peers=m,
         session=sid,
-        reveal_budget=args.reveal_budget,
+        reveal_budget=reveal,
         timeout=args.timeout,
     )
     survivors = [int(n.split("-")[1]) for n in res.included]
     out: dict[str, Any] = {
+        "protocol": "plain GOPA (renyi.federated.gopa_flower)",
+        "trusts_server": True,
         "status": res.status,
         "estimate": res.estimate,
         "true_mean": float(values[survivors].mean()) if survivors else None,
@@ -421,17 +614,17 @@ def _gopa_run(args: argparse.Namespace) -> int:
         "delta": args.delta,
         "epsilon_lying_server": (
             args.epsilon
-            if args.reveal_budget == 0
+            if reveal == 0
             else float(gaussian_epsilon(1.0 / cal.sigma_eta, args.delta))
         ),
         "parties": k,
         "included": len(res.included),
         "dropped": list(res.dropped),
-        "honest_fraction": args.honest,
+        "honest_fraction": honest,
         "peers": m,
         "sigma_eta": cal.sigma_eta,
         "sigma_delta": cal.sigma_delta,
-        "reveal_budget": args.reveal_budget,
+        "reveal_budget": reveal,
         "wall_seconds": res.wall_seconds,
         "bytes_per_party": res.bytes_per_party,
     }
@@ -441,12 +634,13 @@ def _gopa_run(args: argparse.Namespace) -> int:
         print_json(out)
     elif res.status == "released":
         print(
-            f"GOPA on {k} Flower supernodes (rho={args.honest:g}, {m} peers): estimate "
-            f"{res.estimate:.6f}, true mean {out['true_mean']:.6f}, std "
-            f"{cal.output_std:.4g} (central {cal.central_std:.4g}); (eps, delta) = "
-            f"({args.epsilon:g}, {args.delta:g}) with an honest server, eps = "
-            f"{out['epsilon_lying_server']:.4g} if it lies about dropouts; "
-            f"{res.wall_seconds:.1f} s, {res.bytes_per_party:.0f} bytes per party"
+            f"plain GOPA (TRUSTS THE SERVER) on {k} Flower nodes (rho={honest:g}, {m} peers):"
+            f" estimate {res.estimate:.6f}, true mean {out['true_mean']:.6f}, std"
+            f" {cal.output_std:.4g} (central {cal.central_std:.4g}); (eps, delta) ="
+            f" ({args.epsilon:g}, {args.delta:g}) only if the server is honest and the honest"
+            f" parties are a random set; eps = {out['epsilon_lying_server']:.4g} if it lies about"
+            f" dropouts; {res.wall_seconds:.1f} s, {res.bytes_per_party:.0f} bytes per party."
+            " Without --trust-server, gopa-run runs the protocol a malicious server cannot break."
         )
     else:
         print(f"GOPA aborted, nothing released: {res.reason}")

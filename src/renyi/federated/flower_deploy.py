@@ -5,7 +5,9 @@ process per ``node_configs`` entry, runs ServerApps on it with ``flwr run`` and 
 process it started (whole process groups) when the ``with`` block ends, also on errors.
 
 Nodes are :mod:`renyi.federated.flower_node` processes by default (one long-lived process
-per party running its pinned ``ClientApp``; see that module for why), or Flower's own
+per party running its pinned ``ClientApp``; see that module for why), forked by one
+launcher that imports the app once (``start="fork"``, default: K nodes cost one import,
+not K) or each started on its own (``start="exec"``, as on separate machines), or Flower's own
 ``flower-supernode`` with ``node="flower-supernode"`` (one ClientApp process per message
 and the ClientApp named by the submitted app bundle: kept for comparison). The SuperLink's
 SuperExec, which starts the ServerApp process of a run, polls for work every
@@ -39,10 +41,20 @@ from typing import Any, Literal
 from renyi._validation import check_positive, fail
 from renyi.errors import RenyiError
 
-__all__ = ["DeploymentError", "LocalDeployment", "toml_value"]
+__all__ = [
+    "DeploymentError",
+    "ForkedNode",
+    "LocalDeployment",
+    "NodeProcess",
+    "NodeStart",
+    "deployment_files",
+    "toml_value",
+    "write_result",
+]
 
 TELEMETRY_OFF = {"FLWR_TELEMETRY_ENABLED": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 NodeKind = Literal["renyi", "flower-supernode"]
+NodeStart = Literal["fork", "exec"]
 
 
 class DeploymentError(RenyiError):
@@ -67,6 +79,91 @@ def toml_value(value: Any) -> str:
     if "'" not in text and "\n" not in text:
         return f"'{text}'"  # a TOML literal string
     raise fail("node_config", text, "a string without both quote characters (Flower's syntax)")
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks (``/proc``), ``None`` if it is gone or a
+    zombie: with the pid it names one process, even after the pid is reused."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+class ForkedNode:
+    """A node forked by the deployment's launcher (not a child of this process): the part
+    of :class:`subprocess.Popen` the deployment and its callers use (``pid``, ``poll``,
+    ``wait``). Each is the leader of its own process group, so ``os.killpg(node.pid,
+    signal.SIGKILL)`` kills a party outright. Linux only (``/proc``)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = int(pid)
+        self._started = _start_time(self.pid)
+        self.returncode: int | None = None if self._started is not None else -1
+
+    def poll(self) -> int | None:
+        """``None`` while it runs; ``-1`` once it has exited (its exit status goes to the
+        launcher, its parent)."""
+        if self.returncode is None and _start_time(self.pid) != self._started:
+            self.returncode = -1
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired(f"node {self.pid}", timeout or 0.0)
+            time.sleep(0.01)
+        return -1
+
+
+NodeProcess = subprocess.Popen[bytes] | ForkedNode
+"""A node of a :class:`LocalDeployment`: a started program or a forked :class:`ForkedNode`."""
+
+
+def write_result(path: str | Path, out: Mapping[str, Any]) -> None:
+    """Write ``out`` as JSON atomically (a reader never sees half a file): how a ServerApp
+    hands its outcome to :meth:`LocalDeployment.run`."""
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(out))
+    tmp.replace(p)
+
+
+def deployment_files(
+    workdir: Path,
+    values: Sequence[float],
+    *,
+    clip: bool = False,
+    noise_keys: Sequence[bytes] | None = None,
+) -> tuple[Any, Path, list[dict[str, Any]]]:
+    """Fresh identity keys (``party-000``, ...), the roster file and each party's node
+    config (``name``, ``key-file``, ``roster-file``, ``value``, ``clip``, optional
+    ``noise-key``) under ``workdir``; key files are created with mode 0600."""
+    from renyi.federated.channels import IdentityKey, Roster
+
+    k = len(values)
+    identities = [IdentityKey(f"party-{i:03d}") for i in range(k)]
+    roster = Roster.of(identities)
+    roster_file = workdir / "roster.json"
+    roster_file.write_text(roster.to_json())
+    configs: list[dict[str, Any]] = []
+    for i, ident in enumerate(identities):
+        key_file = workdir / f"{ident.name}.key"
+        key_file.touch(mode=0o600)
+        key_file.write_bytes(ident.private_bytes())
+        cfg: dict[str, Any] = {
+            "name": ident.name,
+            "key-file": str(key_file),
+            "roster-file": str(roster_file),
+            "value": float(values[i]),
+            "clip": clip,
+        }
+        if noise_keys is not None:
+            cfg["noise-key"] = noise_keys[i].hex()
+        configs.append(cfg)
+    return roster, roster_file, configs
 
 
 def _free_port() -> int:
@@ -96,7 +193,29 @@ def _wait_port(port: int, deadline: float, proc: subprocess.Popen[bytes]) -> Non
     raise DeploymentError(f"flower-superlink did not listen on 127.0.0.1:{port}")
 
 
-def _stop(procs: Sequence[subprocess.Popen[bytes]], grace: float = 5.0) -> None:
+def _descendants(roots: set[int]) -> set[int]:
+    """Process ids of ``roots`` and everything below them (Linux ``/proc``; else ``roots``)."""
+    children: dict[int, list[int]] = {}
+    proc = Path("/proc")
+    if proc.is_dir():
+        for d in proc.iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    out, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in out:
+            out.add(pid)
+            todo.extend(children.get(pid, []))
+    return out
+
+
+def _stop(procs: Sequence[NodeProcess], grace: float = 5.0) -> None:
     """SIGTERM each process group, then SIGKILL what is left after ``grace`` seconds."""
     for p in procs:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -122,7 +241,9 @@ class LocalDeployment:
     ``i``'s ``--node-config``. Use as a context manager; :attr:`nodes` are the node
     processes (each the leader of its own process group: ``os.killpg(p.pid, SIGKILL)``
     kills a party outright). ``workdir`` (default: a fresh temporary directory, removed at
-    exit) holds the logs.
+    exit) holds the logs. ``start`` (renyi nodes): ``"fork"`` forks every node from one
+    launcher process (:func:`renyi.federated.flower_node.fork_nodes`; :attr:`nodes` are
+    then :class:`ForkedNode` handles), ``"exec"`` starts each node as its own program.
     """
 
     def __init__(
@@ -131,22 +252,29 @@ class LocalDeployment:
         client_app: str,
         *,
         node: NodeKind = "renyi",
+        start: NodeStart = "fork",
         max_poll: float = 0.2,
         workdir: Path | None = None,
     ) -> None:
         if node not in ("renyi", "flower-supernode"):
             raise fail("node", node, "'renyi' or 'flower-supernode'")
+        if start not in ("fork", "exec"):
+            raise fail("start", start, "'fork' (one launcher) or 'exec' (one program per node)")
+        if start == "fork" and (node != "renyi" or not Path("/proc").is_dir()):
+            start = "exec"  # Flower's own nodes, or no /proc to follow forked nodes by
         if not node_configs:
             raise fail("node_configs", len(node_configs), "at least one node")
         self.node_configs = [dict(c) for c in node_configs]
         self.client_app = client_app
         self.node_kind = node
+        self.start_method: NodeStart = start
         self.max_poll = check_positive("max_poll", max_poll)
         self._own_dir = workdir is None
         self.workdir = Path(tempfile.mkdtemp(prefix="renyi-flwr-")) if workdir is None else workdir
         self.port = 0
         self.superlink: subprocess.Popen[bytes] | None = None
-        self.nodes: list[subprocess.Popen[bytes]] = []
+        self.nodes: list[NodeProcess] = []
+        self.launcher: subprocess.Popen[bytes] | None = None
         self._runs = 0
         bindir = str(Path(_tool("flower-superlink")).parent)  # it starts flower-superexec
         self.env = {
@@ -199,34 +327,82 @@ class LocalDeployment:
             ],
             "superlink.log",
         )
+        address = f"127.0.0.1:{self.port}"
+        if self.node_kind == "renyi" and self.start_method == "fork":
+            self._fork_nodes(address)  # imports while the SuperLink starts
+            _wait_port(self.port, time.monotonic() + 60, self.superlink)
+            self._wait_forked(time.monotonic() + 120)
+            return
         _wait_port(self.port, time.monotonic() + 60, self.superlink)
         for i, cfg in enumerate(self.node_configs):
             conf = " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())
             if self.node_kind == "renyi":
-                cmd = [
-                    sys.executable,
-                    "-m",
-                    "renyi.federated.flower_node",
-                    "--insecure",
-                    "--superlink",
-                    f"127.0.0.1:{self.port}",
-                    "--app",
-                    self.client_app,
-                    "--max-poll",
-                    repr(self.max_poll),
-                ]
+                cmd = [*self._node_command(address), "--max-poll", repr(self.max_poll)]
             else:
                 cmd = [
                     _tool("flower-supernode"),
                     "--insecure",
                     "--superlink",
-                    f"127.0.0.1:{self.port}",
+                    address,
                     "--port",
                     str(_free_port()),
                 ]
             if conf:
                 cmd += ["--node-config", conf]
             self.nodes.append(self._spawn(cmd, f"node-{i:03d}.log"))
+
+    def _node_command(self, address: str) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "renyi.federated.flower_node",
+            "--insecure",
+            "--superlink",
+            address,
+            "--app",
+            self.client_app,
+        ]
+
+    def _fork_nodes(self, address: str) -> None:
+        for cfg in self.node_configs:
+            for v in cfg.values():
+                toml_value(v)  # the same values a node config on a command line may hold
+        spec = self.workdir / "nodes.json"
+        spec.touch(mode=0o600)  # the parties' node configs (paths to their key files)
+        spec.write_text(
+            json.dumps(
+                {
+                    "nodes": [
+                        {"config": cfg, "log": str(self.workdir / f"node-{i:03d}.log")}
+                        for i, cfg in enumerate(self.node_configs)
+                    ],
+                    "pids-file": str(self.workdir / "nodes.pids"),
+                },
+                default=lambda v: v.item() if hasattr(v, "item") else str(v),
+            )
+        )
+        self.launcher = self._spawn(
+            [
+                *self._node_command(address),
+                "--max-poll",
+                repr(self.max_poll),
+                "--nodes-file",
+                str(spec),
+            ],
+            "launcher.log",
+        )
+
+    def _wait_forked(self, deadline: float) -> None:
+        pids = self.workdir / "nodes.pids"
+        assert self.launcher is not None
+        while not pids.exists():
+            if self.launcher.poll() is not None or time.monotonic() > deadline:
+                raise DeploymentError(
+                    "the node launcher did not start the nodes; its log:"
+                    f" {self._log_tail('launcher.log')}"
+                )
+            time.sleep(0.02)
+        self.nodes = [ForkedNode(pid) for pid in json.loads(pids.read_text())]
 
     def run(
         self,
@@ -238,7 +414,7 @@ class LocalDeployment:
         app_files: Mapping[str, str] | None = None,
         client_component: str | None = None,
         timeout: float = 120.0,
-        on_status: Callable[[str, list[subprocess.Popen[bytes]]], None] | None = None,
+        on_status: Callable[[str, list[NodeProcess]], None] | None = None,
     ) -> dict[str, Any]:
         """Submit one run of ``server_app`` and return the JSON its ServerApp writes.
 
@@ -343,7 +519,9 @@ class LocalDeployment:
         (Linux ``/proc``; ``{}`` elsewhere). Processes already gone and not reaped by a
         live member are missed, so this is a lower bound."""
         groups = {"superlink": {self.superlink.pid} if self.superlink else set()}
-        groups["nodes"] = {p.pid for p in self.nodes}
+        groups["nodes"] = {p.pid for p in self.nodes} | (
+            {self.launcher.pid} if self.launcher is not None else set()
+        )
         tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         out = dict.fromkeys(groups, 0.0)
         proc = Path("/proc")
@@ -363,9 +541,16 @@ class LocalDeployment:
         return out
 
     def close(self) -> None:
-        """Stop every process this deployment started; remove its temporary directory."""
-        procs = [*self.nodes, *([self.superlink] if self.superlink is not None else [])]
+        """Stop every process this deployment started (and what they started: Flower's
+        SuperExec runs a ServerApp in a session of its own); remove its temporary
+        directory."""
+        procs: list[NodeProcess] = [*self.nodes]
+        procs += [p for p in (self.launcher, self.superlink) if p is not None]
+        others = _descendants({p.pid for p in procs}) - {p.pid for p in procs}
         _stop(procs)
-        self.nodes, self.superlink = [], None
+        for pid in others:  # a ServerApp still running (a run that failed or timed out)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        self.nodes, self.superlink, self.launcher = [], None, None
         if self._own_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)

@@ -28,6 +28,18 @@ Flower's: the SuperLink sees an ordinary SuperNode.
 Run it as ``python -m renyi.federated.flower_node --superlink 127.0.0.1:9092 --insecure
 --app renyi.federated.gopa_flower:client_app --node-config 'name="party-001" ...'``.
 
+**Many nodes on one machine** (:func:`fork_nodes`, ``--nodes-file``): a node's process
+spends ~1 s of CPU importing Python modules (numpy, scipy, cryptography, Flower, renyi)
+before it does anything, so K nodes started one by one on one machine cost K times that. A
+launcher process imports the ``ClientApp`` once and forks one node per configuration; each
+child is then an ordinary node: its own process and process group (``os.setsid``), its own
+log, its own Fleet connection, its own keys read from its own node config, and it dies with
+the launcher (``PR_SET_PDEATHSIG``). Nothing secret exists in the launcher before it forks
+(a party reads its key file and value when its first session opens); renyi's CSPRNG pool is
+discarded in a forked child (``renyi.random``) and OpenSSL reseeds after ``fork``, so no two
+nodes share random bytes (``tests/test_federated_flower_node.py``). On separate machines
+each party runs its own ``python -m renyi.federated.flower_node``, as above.
+
 This uses Flower modules that are not its documented public API
 (``flwr.supernode.fleet_http_connection``, ``flwr.supercore.inflatable``); tested with
 flwr 1.42.0 (``tests/test_federated_flower_node.py`` fails loudly if they change).
@@ -41,10 +53,15 @@ os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
 import argparse
+import contextlib
 import importlib
+import json
 import signal
+import socket
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -73,7 +90,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without flwr
 
 from renyi._validation import check_positive, fail
 
-__all__ = ["NodeStats", "Poll", "load_client_app", "main", "run_node"]
+__all__ = ["NodeStats", "Poll", "fork_nodes", "load_client_app", "main", "run_node"]
 
 
 @dataclass(frozen=True)
@@ -209,6 +226,115 @@ def run_node(
     return stats
 
 
+def _wait_for(address: str, timeout: float = 60.0) -> None:
+    """Until ``host:port`` accepts TCP connections (at most ``timeout`` s; then go on and
+    let Flower's own retries report it)."""
+    host, _, port = address.rpartition(":")
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            if s.connect_ex((host.strip("[]") or "127.0.0.1", int(port))) == 0:
+                return
+        time.sleep(0.02)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this process when its parent (the launcher) exits."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+
+def _child(
+    superlink: str,
+    app: ClientApp,
+    node_config: Mapping[str, Any],
+    log: Path,
+    kwargs: Mapping[str, Any],
+) -> int:
+    """The body of one forked node: its own session, log and signal handlers."""
+    os.setsid()
+    _die_with_parent()
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda _s, _f: stop.set())
+    try:
+        run_node(superlink, app, node_config, stop=stop, **kwargs)
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def fork_nodes(
+    superlink: str,
+    app: ClientApp | str,
+    nodes: list[tuple[Mapping[str, Any], Path]],
+    **kwargs: Any,
+) -> list[int]:
+    """Fork one node per ``(node_config, log_file)`` from this process (module docstring);
+    returns their process ids. ``app`` is imported here, once, before any fork; ``kwargs``
+    go to :func:`run_node` (``insecure``, ``root_certificates``, ``poll``, ...). Call it
+    from a process that runs no other threads (a launcher): a child of a threaded process
+    may inherit a held lock."""
+    client_app = load_client_app(app) if isinstance(app, str) else app
+    if threading.active_count() > 1:
+        raise fail("fork_nodes", threading.active_count(), "a process with one thread")
+    _wait_for(superlink)
+    pids = []
+    for cfg, log in nodes:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child (covered by deployment tests)
+            code = 1
+            try:
+                code = _child(superlink, client_app, dict(cfg), Path(log), kwargs)
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    return pids
+
+
+def _serve_launcher(args: argparse.Namespace, certs: bytes | None) -> None:
+    """``--nodes-file``: fork the nodes, write their ids, forward SIGTERM, reap them."""
+    spec = json.loads(Path(args.nodes_file).read_text())
+    nodes = [(n["config"], Path(n["log"])) for n in spec["nodes"]]
+    pids = fork_nodes(
+        args.superlink,
+        args.app,
+        nodes,
+        insecure=bool(args.insecure),
+        root_certificates=certs,
+        poll=Poll(cap=args.max_poll),
+        max_wait_time=args.max_wait_time,
+    )
+
+    def _forward(sig: int, _frame: object) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+
+    signal.signal(signal.SIGTERM, _forward)
+    signal.signal(signal.SIGINT, _forward)
+    out = Path(spec["pids-file"])
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(pids))
+    tmp.replace(out)  # atomic: the deployment reads a whole list or nothing
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            return
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m renyi.federated.flower_node",
@@ -217,6 +343,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--superlink", required=True, help="SuperLink Fleet API host:port")
     ap.add_argument("--app", required=True, help="the ClientApp, as module:attribute")
     ap.add_argument("--node-config", default="", help="key=value pairs, as flower-supernode")
+    ap.add_argument(
+        "--nodes-file",
+        default=None,
+        help="JSON {nodes: [{config, log}], pids-file}: fork one node per entry (one machine)",
+    )
     ap.add_argument("--insecure", action="store_true", help="plain HTTP (loopback only)")
     ap.add_argument("--root-certificates", default=None, help="PEM CA file for TLS")
     ap.add_argument("--max-poll", type=float, default=Poll.cap, help="idle poll cap (s)")
@@ -229,6 +360,12 @@ def main(argv: list[str] | None = None) -> None:
     args = _parse(argv)
     if not args.insecure and args.root_certificates is None:
         raise SystemExit("flower_node: pass --insecure (loopback) or --root-certificates")
+    certs = Path(args.root_certificates).read_bytes() if args.root_certificates else None
+    if args.nodes_file is not None:
+        if args.node_config:
+            raise SystemExit("flower_node: --nodes-file holds each node's config")
+        _serve_launcher(args, certs)
+        return
     stop = threading.Event()
 
     def _stop(_sig: int, _frame: object) -> None:
@@ -236,7 +373,6 @@ def main(argv: list[str] | None = None) -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    certs = Path(args.root_certificates).read_bytes() if args.root_certificates else None
     cfg = parse_config_args([args.node_config]) if args.node_config else {}
     run_node(
         args.superlink,

@@ -45,8 +45,6 @@ os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
 import hashlib
-import json
-import subprocess
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,9 +66,16 @@ except ImportError as exc:  # pragma: no cover - exercised only without flwr
 from renyi._validation import check_int, check_nonnegative, check_positive, fail
 from renyi.errors import RenyiError
 from renyi.federated.channels import ChaCha20Source, IdentityKey, KeyAdvertisement, Roster
-from renyi.federated.flower_deploy import DeploymentError, LocalDeployment, NodeKind
+from renyi.federated.flower_deploy import (
+    DeploymentError,
+    LocalDeployment,
+    NodeKind,
+    NodeProcess,
+    NodeStart,
+    deployment_files,
+    write_result,
+)
 from renyi.federated.flower_relay import relay_client_app, relay_over_grid
-from renyi.federated.gopa import random_peer_graph
 from renyi.federated.gopa_party import (
     GopaAggregator,
     GopaParty,
@@ -100,6 +105,8 @@ def session_graph(session: bytes, parties: int, peers: int) -> NDArray[np.int64]
     which parties see).
     """
     key = hashlib.sha256(b"renyi-gopa-graph|" + session).digest()
+    from renyi.federated.gopa import random_peer_graph
+
     return random_peer_graph(parties, peers, ChaCha20Source(key))  # type: ignore[arg-type]
 
 
@@ -337,14 +344,6 @@ def serve(grid: Grid, config: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def write_result(path: str | Path, out: Mapping[str, Any]) -> None:
-    """Write ``out`` as JSON atomically (a reader never sees half a file)."""
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(out))
-    tmp.replace(p)
-
-
 server_app = ServerApp()
 
 
@@ -385,37 +384,6 @@ class DeploymentResult:
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
-def deployment_files(
-    workdir: Path,
-    values: Sequence[float],
-    *,
-    clip: bool = False,
-    noise_keys: Sequence[bytes] | None = None,
-) -> tuple[Roster, Path, list[dict[str, Any]]]:
-    """Fresh identity keys, the roster file and each party's node config under ``workdir``."""
-    k = len(values)
-    identities = [IdentityKey(f"party-{i:03d}") for i in range(k)]
-    roster = Roster.of(identities)
-    roster_file = workdir / "roster.json"
-    roster_file.write_text(roster.to_json())
-    configs: list[dict[str, Any]] = []
-    for i, ident in enumerate(identities):
-        key_file = workdir / f"{ident.name}.key"
-        key_file.touch(mode=0o600)
-        key_file.write_bytes(ident.private_bytes())
-        cfg: dict[str, Any] = {
-            "name": ident.name,
-            "key-file": str(key_file),
-            "roster-file": str(roster_file),
-            "value": float(values[i]),
-            "clip": clip,
-        }
-        if noise_keys is not None:
-            cfg["noise-key"] = noise_keys[i].hex()
-        configs.append(cfg)
-    return roster, roster_file, configs
-
-
 def run_local_deployment(
     values: Sequence[float],
     *,
@@ -430,9 +398,10 @@ def run_local_deployment(
     clip: bool = False,
     notify: bool = True,
     node: NodeKind = "renyi",
+    start: NodeStart = "fork",
     server_component: str = "renyi.federated.gopa_flower:server_app",
     app_files: Mapping[str, str] | None = None,
-    on_status: Callable[[str, list[subprocess.Popen[bytes]]], None] | None = None,
+    on_status: Callable[[str, list[NodeProcess]], None] | None = None,
 ) -> DeploymentResult:
     """Run GOPA on a real local Flower deployment (loopback only) and stop it again.
 
@@ -445,7 +414,10 @@ def run_local_deployment(
     is called for each progress line of the server (``nodes 5``, ``join 5``, ``pair 5``,
     ``mask 4``, ...), e.g. to kill a node mid-protocol. ``notify=False`` skips the last
     round (parties told the result). ``server_component``/``app_files`` replace the
-    ServerApp (tests: a malicious relay). Every started process is stopped before returning.
+    ServerApp (tests: a malicious relay). ``start``: the nodes are forked from one launcher
+    (``"fork"``, default) or each started as its own program (``"exec"``; see
+    :class:`~renyi.federated.flower_deploy.LocalDeployment`). Every started process is
+    stopped before returning.
     """
     vals = [float(v) for v in values]
     k = check_int("values", len(vals), 2)
@@ -458,7 +430,9 @@ def run_local_deployment(
         raise fail("noise_keys", len(noise_keys), f"one 32-byte key per party ({k})")
     sid = session if session is not None else os.urandom(16)
     started = time.monotonic()
-    dep = LocalDeployment([{}] * k, "renyi.federated.gopa_flower:client_app", node=node)
+    dep = LocalDeployment(
+        [{}] * k, "renyi.federated.gopa_flower:client_app", node=node, start=start
+    )
     try:
         roster, roster_file, dep.node_configs = deployment_files(
             dep.workdir, vals, clip=clip, noise_keys=noise_keys

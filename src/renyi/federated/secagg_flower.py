@@ -40,7 +40,6 @@ import os
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
-import subprocess
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,9 +58,15 @@ from renyi._validation import check_int, check_positive, fail
 from renyi.budget import Budget
 from renyi.errors import RenyiError
 from renyi.federated.channels import ChaCha20Source, IdentityKey, Roster
-from renyi.federated.flower_deploy import DeploymentError, LocalDeployment
+from renyi.federated.flower_deploy import (
+    DeploymentError,
+    LocalDeployment,
+    NodeProcess,
+    NodeStart,
+    deployment_files,
+    write_result,
+)
 from renyi.federated.flower_relay import relay_client_app, relay_over_grid
-from renyi.federated.gopa_flower import write_result
 from renyi.federated.gopa_party import ProtocolAbortedError
 from renyi.federated.relay import Outcome, Payload, Round, ScriptedDriver
 from renyi.federated.secagg import PartyPolicy, SecAggParty, SecAggServer, SessionProposal
@@ -132,8 +137,6 @@ def pinned_node_configs(
     noise_keys: Sequence[bytes] | None = None,
 ) -> tuple[Path, list[dict[str, Any]]]:
     """Fresh keys and roster under ``workdir``; each party's pinned ``--node-config``."""
-    from renyi.federated.gopa_flower import deployment_files
-
     _, roster_file, base = deployment_files(workdir, values)
     return roster_file, [
         node_config(
@@ -375,19 +378,22 @@ def run_secagg_deployment(
     noise_keys: Sequence[bytes] | None = None,
     ledgers: bool = False,
     timeout: float = 240.0,
-    on_status: Callable[[str, list[subprocess.Popen[bytes]]], None] | None = None,
+    start: NodeStart = "fork",
+    on_status: Callable[[str, list[NodeProcess]], None] | None = None,
 ) -> list[SecAggRun]:
     """Start a loopback deployment of ``len(values)`` party nodes pinned to ``policy`` and
     a budget, submit one Flower run per ``runs`` entry (its run config: the server's
     proposal, ``sessions``, ``grace``, ...; a malicious server is just a server with other
     numbers) and stop every process. Nodes stay up across runs, so budgets carry over.
     ``ledgers=True`` gives each party a ledger file. ``on_status(line, nodes)`` sees the
-    relay's progress lines (``propose 5``, ``shares 5``, ...).
+    relay's progress lines (``propose 5``, ``shares 5``, ...). ``start``: nodes forked
+    from one launcher (default) or each its own program
+    (:class:`~renyi.federated.flower_deploy.LocalDeployment`).
     """
     k = check_int("values", len(values), 2)
     if noise_keys is not None and len(noise_keys) != k:
         raise fail("noise_keys", len(noise_keys), f"one 32-byte key per party ({k})")
-    dep = LocalDeployment([{}] * k, "renyi.federated.secagg_flower:client_app")
+    dep = LocalDeployment([{}] * k, "renyi.federated.secagg_flower:client_app", start=start)
     try:
         roster_file, dep.node_configs = pinned_node_configs(
             dep.workdir,

@@ -68,8 +68,8 @@ from renyi.budget import Budget
 from renyi.errors import BudgetExceededError
 from renyi.federated.channels import Roster
 from renyi.federated.fedavg import row_norms
+from renyi.federated.flower_deploy import write_result
 from renyi.federated.flower_relay import relay_client_app, relay_over_grid
-from renyi.federated.gopa_flower import write_result
 from renyi.federated.relay import Payload
 from renyi.federated.secagg import SessionProposal
 from renyi.federated.secagg_accounting import worst_case_mu
