@@ -111,8 +111,9 @@ def clip_scale(update: NDArray[np.float64], clip_norm: float) -> NDArray[np.floa
     """``u min(1, C/||u||) / (2C)``: the clipped update on the L2 ball of radius 1/2
     (``numpy.linalg.norm`` of the result is at most 1/2, never a rounding above).
 
-    >>> clip_scale(np.array([3.0, 4.0]), 1.0).tolist()
-    [0.3, 0.4]
+    >>> x = clip_scale(np.array([3.0, 4.0]), 1.0)
+    >>> np.round(x, 12).tolist(), bool(np.linalg.norm(x) <= 0.5)
+    ([0.3, 0.4], True)
     """
     c = check_positive("clip_norm", clip_norm)
     u = np.asarray(update, dtype=np.float64)
