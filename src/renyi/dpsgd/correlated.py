@@ -38,6 +38,8 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -59,6 +61,7 @@ from renyi.correlated.accounting import (
     calibrate_correlated,
     correlated_plan,
 )
+from renyi.correlated.exactness import filter_exactness
 from renyi.correlated.optimize import optimize_banded, optimize_blt
 from renyi.correlated.strategies import Strategy, TreeStrategy, bisr, identity
 from renyi.correlated.streaming import _Identity, streaming_noise
@@ -66,6 +69,7 @@ from renyi.correlated.workload import prefix_coefs
 from renyi.dpsgd.optimizer import BudgetHook, ClippingEngine, DPOptimizer, PlanExceededError
 from renyi.dpsgd.privacy import PrivateTraining, private_data_loader
 from renyi.dpsgd.sampler import (
+    SeededRandomSource,
     TorchRandomSource,
     _PrivacySamplerBase,
     checked_random_source,
@@ -307,7 +311,7 @@ class CorrelatedOptimizer(DPOptimizer):
         engine: ClippingEngine | None = None,
         budget: BudgetHook | None = None,
         counter_noise: Any = None,
-        regenerate: bool = True,
+        regenerate: bool | None = None,
     ) -> None:
         mine: tuple[Any, ...]
         theirs: tuple[Any, ...]
@@ -331,8 +335,8 @@ class CorrelatedOptimizer(DPOptimizer):
             raise fail("plan", theirs, f"the sampler's {what} = {mine}")
         if plan.strategy != strategy.name:
             raise fail("plan.strategy", plan.strategy, f"{strategy.name!r} (the strategy's)")
-        self.counter_noise = counter_noise
-        self._regenerate = bool(regenerate)
+        user_counter = counter_noise is not None
+        self._regenerate = bool(user_counter if regenerate is None else regenerate)
         self.noise = streaming_noise(strategy)  # rebuilt once the parameters are known
         super().__init__(
             optimizer,
@@ -353,19 +357,21 @@ class CorrelatedOptimizer(DPOptimizer):
         self.plan = plan
         self.event = plan.step_event
         self._sensitivity = plan.sensitivity.value
-        if counter_noise is not None:
-            from renyi.noise import CounterNoise
+        from renyi.noise import CounterNoise
 
-            if not isinstance(counter_noise, CounterNoise):
-                raise fail("counter_noise", type(counter_noise).__name__, "a CounterNoise")
-            if self._regenerate:
-                self.noise = streaming_noise(strategy, regenerate=self._fresh)
+        if counter_noise is None:
+            counter_noise = _counter_for(self.random_source)
+        elif not isinstance(counter_noise, CounterNoise):
+            raise fail("counter_noise", type(counter_noise).__name__, "a CounterNoise")
+        self.counter_noise: CounterNoise = counter_noise
+        #: Error bounds and exact rows of the noise filter (None for the identity).
+        self.exactness = filter_exactness(strategy)
+        if self._regenerate:
+            self.noise = streaming_noise(strategy, regenerate=self._fresh)
 
     def _fresh(self, step: int) -> torch.Tensor:
         """``z_step``: the fresh standard normals of noise step ``step`` from the counter."""
         total = sum(p.numel() for p in self._params)
-        # numpy's float64 path (the torch path of CounterNoise.standard_normal computes in
-        # torch's default float32 on the CPU today): the same bits, full precision
         z = self.counter_noise.standard_normal((total,), stream=0, step=step)
         return torch.from_numpy(z)
 
@@ -377,15 +383,61 @@ class CorrelatedOptimizer(DPOptimizer):
             return True
         return False
 
+    def _next_noise(self) -> tuple[torch.Tensor, float, int]:
+        """``(ŷ_t, B_t, t)``: the filter's float64 row t of ``C⁻¹ Z`` from the fresh normals of
+        counter ``(stream 0, step t)``, and its proven error bound (:mod:`renyi.correlated.
+        exactness`)."""
+        t = self.noise.step
+        total = sum(p.numel() for p in self._params)
+        z, err = self.counter_noise.standard_normal((total,), stream=0, step=t, with_bound=True)
+        zmax = float(abs(z).max()) if total else 0.0
+        y = self.noise.next(torch.from_numpy(z))
+        bound = math.inf
+        if self.exactness is not None:
+            ymax = float(y.abs().max()) if total else 0.0
+            bound = self.exactness.observe(t, err, zmax, ymax)
+        return y, bound, t
+
     def draw_noise(self) -> torch.Tensor:
-        """Row t of ``C⁻¹ Z`` times the sensitivity (one fresh N(0, I) draw per step: from
-        the random source, or from ``counter_noise`` at ``(stream 0, step t)``, where the
-        banded-inverse filter regenerates the past draws instead of keeping them)."""
-        z = super().draw_noise() if self.counter_noise is None else self._fresh(self.noise.step)
-        y = self.noise.next(z)
+        """Row t of ``C⁻¹ Z`` times the sensitivity, as floats (one fresh N(0, I) draw per
+        step, from ``counter_noise`` at ``(stream 0, step t)``; the banded-inverse filter
+        regenerates the past draws when asked to). Not for release on its own: the optimizer
+        releases through :meth:`release_noisy_sum`, exactly."""
+        y, _, _ = self._next_noise()
         if self._sensitivity != 1.0:
             y.mul_(self._sensitivity)
         return y
+
+    def release_noisy_sum(self, flat: torch.Tensor) -> torch.Tensor:
+        """``flat + σ·C·sens·(C⁻¹ Z)_t`` on the lattice, with the **ideal** index: the filter's
+        float64 row is accepted where it is provably far from a rounding boundary and the
+        rest is recomputed from the counters
+        (:meth:`renyi.noise.CounterNoise.snap_combination`; docs/correlated.md,
+        "Exactness")."""
+        from renyi import noise
+
+        std = self.noise_std()
+        if type(self).draw_noise is not CorrelatedOptimizer.draw_noise or "draw_noise" in vars(
+            self
+        ):  # a patched noise shaper: the caller's floats, released through snap
+            return noise.snap(flat, self.draw_noise(), std)
+        if self._releases_fresh_noise():
+            return noise.gaussian(flat, std, rng=self.random_source)
+        if self.exactness is None:  # identity with another sensitivity: one Gaussian
+            t = self.noise.step
+            self.noise.step += 1
+            return self.counter_noise.gaussian(flat, std * self._sensitivity, stream=0, step=t)
+        y, bound, t = self._next_noise()
+        exact = self.exactness
+        return self.counter_noise.snap_combination(
+            flat,
+            y,
+            std,
+            error_bound=bound,
+            row=lambda bits: exact.row(t, bits),
+            stream=0,
+            scale=self._sensitivity,
+        )
 
     def event_at(self, step: int) -> Event | None:
         """``plan.step_event`` at the steps where the plan charges (a round's first step, or
@@ -408,7 +460,8 @@ class CorrelatedOptimizer(DPOptimizer):
             "plan": self.plan.to_dict(),
             "strategy": self.strategy.to_dict(),
             "noise": self.noise.state_dict(),
-            "counter": None if self.counter_noise is None else self.counter_noise.state_dict(),
+            "counter": self.counter_noise.state_dict(),
+            "exactness": None if self.exactness is None else self.exactness.state_dict(),
         }
         return state
 
@@ -422,15 +475,33 @@ class CorrelatedOptimizer(DPOptimizer):
                 raise fail(f"checkpoint {key}", saved[key], f"{mine!r} (this optimizer's)")
         if saved["noise"]["step"] != state["steps_taken"]:
             raise fail("checkpoint noise step", saved["noise"]["step"], "equal to steps_taken")
-        if (saved.get("counter") is None) != (self.counter_noise is None):
-            raise fail("checkpoint counter", saved.get("counter") is not None,
-                       "the same noise source (counter or not) as this optimizer")  # fmt: skip
+        if saved.get("counter") is None:
+            raise fail("checkpoint counter", None, "the counter-noise key of the run")
+        if (saved.get("exactness") is None) != (self.exactness is None):
+            raise fail("checkpoint exactness", saved.get("exactness") is not None,
+                       "the error-bound record of this strategy's noise")  # fmt: skip
+        from renyi.noise import CounterNoise
+
+        counter = CounterNoise.from_state_dict(saved["counter"])
         super().load_state_dict(state)
         self.noise.load_state_dict(saved["noise"])
-        if saved.get("counter") is not None:
-            from renyi.noise import CounterNoise
+        self.counter_noise = counter
+        if self.exactness is not None:
+            self.exactness.load_state_dict(saved["exactness"])
+            if self.exactness.steps != saved["noise"]["step"]:
+                raise fail("checkpoint exactness", self.exactness.steps, "one record per step")
 
-            self.counter_noise = CounterNoise.from_state_dict(saved["counter"])
+
+def _counter_for(source: Any) -> Any:
+    """The run's :class:`~renyi.noise.CounterNoise`: a fresh OS key with the secure source; with
+    a seeded source (``seed=``, reproducible and insecure: it warns) a key derived from its
+    seed, so seeded runs repeat their noise without drawing from the sampling stream."""
+    from renyi.noise import CounterNoise
+
+    if type(source) is SeededRandomSource:
+        seed = int(source.generator.initial_seed())
+        return CounterNoise(hashlib.sha256(b"renyi.correlated.seed:%d" % seed).digest())
+    return CounterNoise()
 
 
 def _strategy(

@@ -60,7 +60,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from renyi._validation import check_int, check_nonnegative, fail
-from renyi.noise import _chacha, _exact, _fused, _kernel
+from renyi.noise import _chacha, _combination, _exact, _fused, _kernel
+from renyi.noise._combination import CombinationRow
 from renyi.random import (
     RandomSource,
     _warn_insecure,
@@ -70,9 +71,11 @@ from renyi.random import (
 
 __all__ = [
     "GRID_BITS",
+    "LIBM_ULPS",
     "MAX_ACCOUNTED_VALUES",
     "ROUNDING_SLACK",
     "TAIL_MASS",
+    "CombinationRow",
     "CounterNoise",
     "accounting_slack",
     "gaussian",
@@ -95,6 +98,9 @@ GRID_BITS = 3
 TAIL_MASS = 0.0
 #: Bound on ``|log P_impl(k) - log P_ideal(k)|`` per value: 0, the index is exact.
 ROUNDING_SLACK = 0.0
+#: Assumed accuracy (ulp) of float64 ``log``/``log1p``/``cos``/``sin`` in the error bound of
+#: correlated-noise combinations (docs/noise.md; measured at most 4 by the tests).
+LIBM_ULPS = _combination.LIBM_ULPS
 #: The number of released values that :func:`accounting_slack` covers for one accountant.
 MAX_ACCOUNTED_VALUES = 2**64
 
@@ -605,21 +611,55 @@ def _settle_flagged(
         out[idx] = _kernel.finish(xc, f.astype(cd), j.astype(cd), g, out_dtype, big, ops)
 
 
+class _Combination:
+    """What :meth:`CounterNoise.snap_combination` releases: the caller's float64 combination
+    ``noise`` of counter normals, its proven error bound, the exact coefficient row and the
+    counters (the exact tier regenerates the normals it needs)."""
+
+    def __init__(
+        self,
+        noise: Any,
+        scale: float,
+        bound: float,
+        row: Any,
+        key: bytes,
+        stream: int,
+        offset: int,
+    ) -> None:
+        self.noise = noise
+        self.scale = scale
+        self.bound = bound
+        self.row = row
+        self.key = key
+        self.stream = stream
+        self.offset = offset
+
+
 def _release_given(
     x: Any, given: Any, s: float, g: float, out_dtype: Any, big: float, ops: _kernel.Ops
 ) -> Any:
-    """:func:`snap`: ``J = round(f + s z)`` exactly for the caller's float64 ``z``."""
+    """:func:`snap`: ``J = round(f + s z)`` exactly for the caller's float64 ``z``; with a
+    :class:`_Combination`, ``J = round(f + s scale sum_k a_k Z_k)`` for the ideal normals."""
     from fractions import Fraction
 
     f = _exact_f(x, g)
-    z = _np(given).astype(np.float64).reshape(-1)
-    v = f + s * z
-    j = np.rint(v)
-    # |fl(f + fl(s z)) - (f + s z)| <= 2 ulp(v): exact recomputation within that of a boundary
-    near = np.abs(v - j) > 0.5 - 2.0**-50 * (1.0 + np.abs(v))
-    for i in np.flatnonzero(near):
-        exact = Fraction(float(f[i])) + Fraction(s) * Fraction(float(z[i]))
-        j[i] = float(round(exact))
+    if isinstance(given, _Combination):
+        y = _np(given.noise).astype(np.float64).reshape(-1)
+        j, flagged = _combination.fast_indices(f, y, s, given.scale, given.bound)
+        if flagged.size:
+            j[flagged] = _combination.decide(
+                given.key, given.stream, flagged + given.offset, f[flagged], s, given.scale,
+                given.row,
+            )  # fmt: skip
+    else:
+        z = _np(given).astype(np.float64).reshape(-1)
+        v = f + s * z
+        j = np.rint(v)
+        # |fl(f + fl(s z)) - (f + s z)| <= 2 ulp(v): exact recomputation within that of a boundary
+        near = np.abs(v - j) > 0.5 - 2.0**-50 * (1.0 + np.abs(v))
+        for i in np.flatnonzero(near):
+            exact = Fraction(float(f[i])) + Fraction(s) * Fraction(float(z[i]))
+            j[i] = float(round(exact))
     cd = ops.f64
     xc = ops.to(x, cd)
     if ops.torch:
@@ -667,13 +707,15 @@ def _release(
     s = _check_scale("sigma" if kind == "gaussian" else "scale", scale)
     where, arr = _check_value(value)
     if given is not None:
-        n_noise = given.numel() if hasattr(given, "numel") else np.asarray(given).size
+        noise_in = given.noise if isinstance(given, _Combination) else given
+        name = "noise" if isinstance(given, _Combination) else "standard_noise"
+        n_noise = noise_in.numel() if hasattr(noise_in, "numel") else np.asarray(noise_in).size
         n_value = arr.numel() if where == "torch" else arr.size
         if n_noise != n_value:
-            raise fail("standard_noise", f"{n_noise} entries", f"{n_value} entries, one per value")
-        gz = _np(given.detach() if hasattr(given, "detach") else given)
+            raise fail(name, f"{n_noise} entries", f"{n_value} entries, one per value")
+        gz = _np(noise_in.detach() if hasattr(noise_in, "detach") else noise_in)
         if gz.dtype.kind not in "iuf" or (gz.size and not np.isfinite(gz).all()):
-            raise fail("standard_noise", "a non-finite or non-real entry", "finite real noise")
+            raise fail(name, "a non-finite or non-real entry", "finite real noise")
     bits = make_bits() if given is None else None
     if where == "torch":
         torch = sys.modules["torch"]
@@ -986,23 +1028,134 @@ class CounterNoise:
         step: int,
         offset: int = 0,
         like: Any = None,
+        with_bound: bool = False,
     ) -> Any:
         """Raw float64 normals of ``shape``: entry ``i`` is a function of ``(key, stream, step,
-        offset + i)`` alone (the same bits as :meth:`gaussian` with these counters; float64
-        Box-Muller from a 63-bit radius and a 64-bit angle uniform, accurate to a few ulp).
-        NOT for release on their own: shape them and release with :func:`snap`. With a torch
-        ``like``: a float64 tensor on ``like``'s device (on CUDA computed there)."""
+        offset + i)`` alone (the bits :meth:`gaussian` uses with these counters; float64
+        Box-Muller of the radius uniform read to 54 significant bits at the end it is close to,
+        and a 64-bit angle uniform). NOT for release on their own: combine them and release with
+        :meth:`snap_combination`. With a torch ``like``: a float64 tensor on ``like``'s device
+        (computed on the CPU: the same numbers on every device).
+
+        ``with_bound=True`` returns ``(z, err)``, ``err`` a proven bound on ``|z_i - Z_i|`` for
+        the ideal normals ``Z_i`` of these bits (docs/noise.md: ``(4 + 64 max R) 2**-53``,
+        about ``4e-14`` for a million values)."""
         shp = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
         if any(int(d) < 0 for d in shp):
             raise fail("shape", shape, "non-negative dimensions")
         n = math.prod(int(d) for d in shp)
         st, sp, off = self._counters(stream, step, offset, n)
         bits = _CounterBits(self._key, "gaussian", st, sp)
+        z, err = _combination.normals(bits, off, n)
+        out: Any = z.reshape(shp)
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(like, torch.Tensor):
-            z = _raw_normals(bits, off, n, torch, like.device)
-            return z.reshape(shp)
-        return np.asarray(_raw_normals(bits, off, n, np), dtype=np.float64).reshape(shp)
+            out = torch.from_numpy(out).to(like.device)
+        return (out, err) if with_bound else out
+
+    def snap_combination(
+        self,
+        value: Any,
+        noise: Any,
+        sigma: float,
+        *,
+        error_bound: float,
+        row: CombinationRow | Any,
+        stream: int,
+        offset: int = 0,
+        scale: float = 1.0,
+    ) -> Any:
+        """``value + sigma * scale * sum_k a_k Z_k`` released exactly on ``lattice_step(sigma) Z``.
+
+        ``Z_k`` at entry ``i`` is the ideal normal of counter ``(stream, row.steps[k], offset +
+        i)`` (the one :meth:`standard_normal` approximates), ``a_k`` the coefficients of
+        ``row`` (a :class:`CombinationRow`, or a callable ``row(bits)`` returning one whose
+        coefficient radius is below ``2**-bits``: called only when a value needs it). ``noise``
+        is the caller's float64 approximation of ``sum_k a_k Z_k`` (same number of entries as
+        ``value``) and ``error_bound`` a **proven** bound on its error at every entry (e.g.
+        the ``err`` of :meth:`standard_normal` carried through the caller's arithmetic with
+        :func:`~renyi.noise._combination.gamma`). The index is ``round(value/g + (sigma/g)
+        scale sum_k a_k Z_k)``: decided from ``noise`` where it is farther than the error from
+        a rounding boundary, else recomputed from the counters in interval arithmetic
+        (docs/noise.md, "Correlated noise"). The output is canonical, as for :func:`gaussian`.
+
+        Privacy: for rows that form a lower-triangular ``R`` across steps, the releases are a
+        post-processing (rounding) of ``R (C G + sigma scale Z)`` with ``C = R**-1``: the matrix
+        factorization mechanism with the coefficients as given.
+
+        >>> cn = CounterNoise(bytes(32))
+        >>> z, err = cn.standard_normal(3, stream=0, step=1, with_bound=True)
+        >>> row = CombinationRow.from_floats([1], [1.0])
+        >>> a = cn.snap_combination(np.zeros(3), z, 1.0, error_bound=err, row=row, stream=0)
+        >>> bool(np.array_equal(a, cn.gaussian_combination(np.zeros(3), 1.0, steps=[1],
+        ...     coefficients=[1.0], stream=0)))
+        True
+        """
+        s = _check_scale("sigma", sigma)
+        _check_value(value)
+        sc = check_nonnegative("scale", scale)
+        if not math.isfinite(sc) or sc == 0.0:
+            raise fail("scale", scale, "a finite number > 0")
+        bound = check_nonnegative("error_bound", error_bound, allow_inf=True)
+        n = self._numel(value)
+        st, _, off = self._counters(stream, 0, offset, n)
+        if isinstance(row, CombinationRow):
+            fixed = row
+
+            def provider(bits: int) -> CombinationRow:
+                return fixed
+        elif callable(row):
+            provider = row
+        else:
+            raise fail("row", type(row).__name__, "a CombinationRow or a callable row(bits)")
+        given = _Combination(noise, sc, bound, provider, self._key, st, off)
+        return _release("gaussian", value, s, None, given=given)
+
+    def gaussian_combination(
+        self,
+        value: Any,
+        sigma: float,
+        *,
+        steps: Any,
+        coefficients: Any,
+        stream: int,
+        offset: int = 0,
+        scale: float = 1.0,
+    ) -> Any:
+        """``value + sigma * scale * sum_k coefficients[k] Z(stream, steps[k], offset + i)``,
+        released exactly (:meth:`snap_combination` with the combination computed here from
+        :meth:`standard_normal`, one step at a time, and its proven error bound). The
+        coefficients are floats, used exactly. Costs one draw of ``value``'s size per term.
+
+        >>> cn = CounterNoise(bytes(32))
+        >>> y = cn.gaussian_combination(np.zeros(4), 1.0, steps=[5, 4], coefficients=[1.0, -0.5],
+        ...                             stream=0)
+        >>> bool(np.all(y / 0.125 == np.round(y / 0.125)))
+        True
+        """
+        st_list = [check_int("steps", t, 0) for t in np.asarray(steps).reshape(-1).tolist()]
+        coefs = [float(c) for c in np.asarray(coefficients, dtype=np.float64).reshape(-1)]
+        if len(st_list) != len(coefs) or not st_list:
+            raise fail("coefficients", len(coefs), f"one per step ({len(st_list)}), at least one")
+        row = CombinationRow.from_floats(st_list, coefs)
+        n = self._numel(value)
+        total = np.zeros(n)
+        bound = 0.0
+        g_k = _combination.gamma(len(coefs))
+        for t, c in zip(st_list, coefs, strict=True):
+            z, err = self.standard_normal(n, stream=stream, step=t, offset=offset, with_bound=True)
+            total += c * z  # fl(total + fl(c z)): len(coefs) rounded terms, gamma_k
+            bound += abs(c) * (err + g_k * (float(np.abs(z).max()) if n else 0.0))
+        bound *= 1.0 + 4.0 * len(coefs) * _combination.UNIT_ROUNDOFF
+        shape = value.shape if hasattr(value, "shape") else np.shape(value)
+        torch = sys.modules.get("torch")
+        noise_arr: Any = total.reshape(shape)
+        if torch is not None and isinstance(value, torch.Tensor):
+            noise_arr = torch.from_numpy(noise_arr)
+        return self.snap_combination(
+            value, noise_arr, sigma, error_bound=bound, row=row, stream=stream, offset=offset,
+            scale=scale,
+        )  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
         """``{"kind": "renyi.noise.CounterNoise", "version": 1, "key": hex}``: SECRET."""
