@@ -24,7 +24,17 @@ Three parts (``torch.set_num_threads(1)`` for the torch ones):
    from :class:`renyi.noise.CounterNoise`: bytes of noise state and peak RSS, each in its own
    process, and the CPU per step (b counter draws per step when regenerated).
 
+5. **Exactness** (``--exactness``): the noise stage of one correlated step over
+   ``--exact-params`` float32 values (fresh counter normals, the strategy's filter, the
+   lattice release), the exact path (normals with their error bound, the filter's error
+   bound, :meth:`renyi.noise.CounterNoise.snap_combination`) against the former one (float
+   normals, the filter, :func:`renyi.noise.snap` of the float noise), steps interleaved,
+   medians; how many values the fast check flags (and how many lie within 10**3 and 10**5
+   times its margin of a boundary: the count scales linearly), and the cost of the exact
+   recomputation of one coordinate against the length of its row.
+
     .venv/bin/python benchmarks/correlated.py --errors --accuracy --cost [--seeds 3] [--json]
+    .venv/bin/python benchmarks/correlated.py --exactness --exact-params 1000000 --exact-steps 64
 """
 
 from __future__ import annotations
@@ -323,6 +333,111 @@ def memory(params: int, bands: int, steps: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _exact_one(strat: Any, params: int, steps: int, x: Any, std: float, sens: float) -> dict:
+    """One strategy of :func:`exactness`: the two release paths interleaved step by step."""
+    import numpy as np
+    import torch
+
+    from renyi import noise
+    from renyi.correlated.exactness import filter_exactness
+    from renyi.correlated.streaming import streaming_noise
+    from renyi.noise import _combination
+
+    key = os.urandom(32)
+    cn = noise.CounterNoise(key)
+    old_f, new_f = streaming_noise(strat), streaming_noise(strat)
+    ex = filter_exactness(strat)
+    assert ex is not None
+    g = noise.lattice_step(std)
+    s_lat = std / g
+    times: dict[str, list[float]] = {"old": [], "new": []}
+    bounds: list[float] = []
+
+    def old(t: int) -> Any:
+        bits = noise._CounterBits(key, "gaussian", 0, t)
+        y = old_f.next(torch.from_numpy(noise._raw_normals(bits, 0, params, np)))
+        y.mul_(sens)
+        return noise.snap(x, y, std), y
+
+    def new(t: int) -> Any:
+        z, err = cn.standard_normal(params, stream=0, step=t, with_bound=True)
+        zmax = max(float(z.max()), -float(z.min()))
+        y = new_f.next(torch.from_numpy(z))
+        lo, hi = torch.aminmax(y)
+        bounds.append(ex.observe(t, err, zmax, max(float(hi), -float(lo))))
+        out = cn.snap_combination(
+            x, y, std, error_bound=bounds[-1], row=lambda b: ex.row(t, b), stream=0, scale=sens
+        )
+        return out, y
+
+    flagged = near3 = near5 = 0
+    f = x.numpy().astype(np.float64) / g
+    f = f - np.rint(f)
+    for t in range(steps):
+        y = None
+        for name in ("old", "new") if t % 2 else ("new", "old"):
+            t0 = time.perf_counter()
+            _, yy = (old if name == "old" else new)(t)
+            times[name].append(time.perf_counter() - t0)
+            if name == "new":
+                y = yy.numpy()
+        assert y is not None
+        margin = _combination.fast_margin(float(np.abs(y).max()), s_lat, sens, bounds[-1])
+        v = f + s_lat * sens * y
+        dist = 0.5 - np.abs(v - np.rint(v))
+        flagged += int(np.sum(dist <= margin))
+        near3 += int(np.sum(dist <= 1e3 * margin))
+        near5 += int(np.sum(dist <= 1e5 * margin))
+    row_cost = {}
+    for t_row in sorted({1, min(64, steps - 1), steps - 1}):
+        t0 = time.perf_counter()
+        _combination.decide(
+            key, 0, np.arange(8, dtype=np.int64), np.zeros(8), s_lat, sens,
+            lambda b, t=t_row: ex.row(t, b),
+        )  # fmt: skip
+        row_cost[len(ex.row(t_row, 64).steps)] = (time.perf_counter() - t0) / 8
+    return {
+        "params": params, "steps": steps,
+        "old_ms": 1e3 * statistics.median(times["old"]),
+        "exact_ms": 1e3 * statistics.median(times["new"]),
+        "ratio": statistics.median(times["new"]) / statistics.median(times["old"]),
+        "bound_first": bounds[0], "bound_last": bounds[-1],
+        "values": params * steps, "flagged": flagged, "within_1e3_margin": near3,
+        "within_1e5_margin": near5, "exact_seconds_per_coordinate_by_row_terms": row_cost,
+    }  # fmt: skip
+
+
+def exactness(params: int, steps: int) -> dict[str, Any]:
+    """Cost of exact correlated releases against the former float release (see the module
+    docstring, part 5)."""
+    import numpy as np
+    import torch
+
+    from renyi.correlated.optimize import optimize_banded, optimize_blt
+    from renyi.correlated.strategies import TreeStrategy, bisr
+    from renyi.correlated.workload import prefix_coefs
+
+    torch.set_num_threads(1)
+    plan_t = 1024
+    work = prefix_coefs(plan_t, 0.9)
+    strategies = {
+        "banded 4": optimize_banded(plan_t, 4, workload=work),
+        "banded 16": optimize_banded(plan_t, 16, workload=work),
+        "blt 3": optimize_blt(plan_t, 3, min_sep=16, max_participations=64, workload=work),
+        "tree": TreeStrategy(),
+        "banded inverse 16": bisr(16, 0.9),
+    }
+    std, sens = 1.0, 3.0  # sigma * clip and a typical sensitivity
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.normal(scale=0.3, size=params).astype(np.float32))
+    rows = []
+    for name, strat in strategies.items():
+        row = _exact_one(strat, params, steps, x, std, sens)
+        row["strategy"] = name
+        rows.append(row)
+    return {"std": std, "sensitivity": sens, "rows": rows}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--errors", action="store_true")
@@ -338,6 +453,9 @@ def main() -> int:
     p.add_argument("--memory-params", type=int, default=1_000_000)
     p.add_argument("--memory-bands", type=int, default=16)
     p.add_argument("--strategies", nargs="+", help="strategies of the error table (default all)")
+    p.add_argument("--exactness", action="store_true", help="cost of exact correlated releases")
+    p.add_argument("--exact-params", type=int, default=1_000_000)
+    p.add_argument("--exact-steps", type=int, default=64)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     warnings.simplefilter("ignore")
@@ -351,6 +469,8 @@ def main() -> int:
         result["cost"] = cost((4, 16, 64), args.buffers, args.cost_steps)
     if args.memory:
         result["memory"] = memory(args.memory_params, args.memory_bands, 2 * args.memory_bands)
+    if args.exactness:
+        result["exactness"] = exactness(args.exact_params, args.exact_steps)
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -381,6 +501,18 @@ def main() -> int:
               r["noise_state_vectors"], r["noise_state_bytes"] / 2**20] for r in result["cost"]],
             title="step cost (median, interleaved) and noise state",
         ))  # fmt: skip
+    if "exactness" in result:
+        print(format_table(
+            ["strategy", "former ms", "exact ms", "ratio", "B_T", "flagged", "<=1e3 M",
+             "<=1e5 M", "values"],
+            [[r["strategy"], r["old_ms"], r["exact_ms"], r["ratio"], r["bound_last"],
+              r["flagged"], r["within_1e3_margin"], r["within_1e5_margin"], r["values"]]
+             for r in result["exactness"]["rows"]],
+            title="noise stage per step: exact vs former float release (medians, interleaved)",
+        ))  # fmt: skip
+        for r in result["exactness"]["rows"]:
+            print("exact recomputation s/coordinate by row terms", r["strategy"],
+                  json.dumps(r["exact_seconds_per_coordinate_by_row_terms"]))  # fmt: skip
     for r in result.get("memory", []):
         print("memory", json.dumps(r))
     print(f"load average at start: {result['load_average']}")

@@ -390,11 +390,12 @@ class CorrelatedOptimizer(DPOptimizer):
         t = self.noise.step
         total = sum(p.numel() for p in self._params)
         z, err = self.counter_noise.standard_normal((total,), stream=0, step=t, with_bound=True)
-        zmax = float(abs(z).max()) if total else 0.0
+        zmax = max(float(z.max()), -float(z.min())) if total else 0.0
         y = self.noise.next(torch.from_numpy(z))
         bound = math.inf
         if self.exactness is not None:
-            ymax = float(y.abs().max()) if total else 0.0
+            lo, hi = torch.aminmax(y) if total else (y.new_zeros(()), y.new_zeros(()))
+            ymax = max(float(hi), -float(lo))
             bound = self.exactness.observe(t, err, zmax, ymax)
         return y, bound, t
 

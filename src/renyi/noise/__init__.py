@@ -1032,13 +1032,13 @@ class CounterNoise:
     ) -> Any:
         """Raw float64 normals of ``shape``: entry ``i`` is a function of ``(key, stream, step,
         offset + i)`` alone (the bits :meth:`gaussian` uses with these counters; float64
-        Box-Muller of the radius uniform read to 54 significant bits at the end it is close to,
+        Box-Muller of the radius uniform read to 50 significant bits at the end it is close to,
         and a 64-bit angle uniform). NOT for release on their own: combine them and release with
         :meth:`snap_combination`. With a torch ``like``: a float64 tensor on ``like``'s device
         (computed on the CPU: the same numbers on every device).
 
         ``with_bound=True`` returns ``(z, err)``, ``err`` a proven bound on ``|z_i - Z_i|`` for
-        the ideal normals ``Z_i`` of these bits (docs/noise.md: ``(4 + 64 max R) 2**-53``,
+        the ideal normals ``Z_i`` of these bits (docs/noise.md: ``(6 + 76 max R) 2**-53``,
         about ``4e-14`` for a million values)."""
         shp = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
         if any(int(d) < 0 for d in shp):

@@ -41,6 +41,7 @@ __all__ = [
     "CombinationRow",
     "decide",
     "fast_indices",
+    "fast_margin",
     "gamma",
     "normals",
 ]
@@ -52,8 +53,9 @@ UNIT_ROUNDOFF = 2.0**-53
 #: measures them on every run and fails above 4 (a 4-fold margin).
 LIBM_ULPS = 16
 _U = UNIT_ROUNDOFF
-_FULL = 1 << 54  # a uniform's numerator (or its complement's) is extended until >= 2**54
-_EXTEND = 1 << 22  # below this, one more level keeps the numerator exact in int64
+_FULL = 1 << 50  # a uniform's numerator (or its complement's) is extended until >= 2**50
+_EXTEND = 1 << 18  # below this, one more level keeps the numerator below 2**50 (exact)
+_LOG1P = 1 << 59  # complements below 2**59 (1 - U1 < 2**-4) take log1p
 _MAX_FAST_LEVELS = 30  # the float pass stops here (U1 < 2**-900: probability < 2**-900)
 _TOP63 = (1 << 63) - 1
 _TWO_PI_2_64 = 2.0 * math.pi * 2.0**-64
@@ -113,14 +115,15 @@ def normals(bits: Any, first: int, n: int) -> tuple[NDArray[np.float64], float]:
     Gaussian bits ``bits`` (a ``_CounterBits``), and ``err >= max |z_i - Z_i|`` where ``Z_i`` is
     the ideal normal of those bits (every completion of the bits not read).
 
-    Box-Muller with the radius uniform ``U1`` read to at least 54 significant bits from the
-    end it is close to: ``ln U1 = log(U1)`` below 1/2 and ``log1p(-(1 - U1))`` above, with
-    ``1 - U1`` from the complement of its numerator (so a radius near 0 keeps its relative
-    precision); numerators below ``2**54`` (probability ``2**-8``) read further extension
-    levels, 32 bits each. Error bound (docs/noise.md): ``|R^ - R| <= (3 + 20.4 R^) u`` and
-    ``|z - Z| <= (4 + 64 max R^) u`` with ``u = 2**-53``, assuming float64 ``log``, ``log1p``,
-    ``cos``, ``sin`` within :data:`LIBM_ULPS` ulp. ``err`` is ``inf`` when a numerator is still
-    below ``2**54`` after 30 levels (probability below ``2**-900``): every value is then flagged.
+    Box-Muller with the radius uniform ``U1`` read to at least 50 significant bits from the
+    end it is close to: ``ln U1 = log(U1)``, except ``log1p(-(1 - U1))`` when ``1 - U1 <
+    2**-4``, with ``1 - U1`` from the complement of its numerator (so a radius near 0 keeps
+    its relative precision); a numerator (or complement) below ``2**50`` (probability
+    ``2**-12``) reads further extension levels, 32 bits each. Error bound (docs/noise.md):
+    ``|R^ - R| <= (5.2 + 33.3 R^) u`` and ``|z - Z| <= (6 + 76 max R^) u`` with ``u =
+    2**-53``, assuming float64 ``log``, ``log1p``, ``cos``, ``sin`` within :data:`LIBM_ULPS`
+    ulp. ``err`` is ``inf`` when a numerator is still below ``2**50`` after 30 levels
+    (probability below ``2**-900``): every value is then flagged.
     """
     u0 = first // 2
     u1 = (first + n + 1) // 2
@@ -131,20 +134,24 @@ def normals(bits: Any, first: int, n: int) -> tuple[NDArray[np.float64], float]:
     ext = np.frombuffer(bits._blocks_bytes(1, 8 * u0, 8 * k), dtype="<u4")
     ext = ext.astype(np.int64).reshape(k, 2)
     hi31 = main[:, 0] & 0x7FFFFFFF
-    c = (hi31 << 32) | ext[:, 0]  # U1 in [c, c + 1) 2**-63
-    upper = c >= (1 << 62)  # U1 >= 1/2: work with 1 - U1 in (d, d + 1] 2**-63
-    d = _TOP63 - c
-    # (c + 1/2) 2**-63 and (d + 1/2) 2**-63 in float64 (at most 3 roundings: relative 3.0001 u)
+    c = (hi31 << 32) | ext[:, 0]  # U1 in [c, c + 1) 2**-63; 1 - U1 in (d, d + 1] 2**-63
+    # (c + 1/2) 2**-63 in float64: two roundings (relative 2.0001 u)
     low_val = (hi31.astype(np.float64) * 2.0**32 + ext[:, 0].astype(np.float64) + 0.5) * 2.0**-63
-    up_val = (d.astype(np.float64) + 0.5) * 2.0**-63
+    top = np.flatnonzero(c > _TOP63 - _LOG1P)  # d < 2**59, 1 - U1 < 2**-4: log1p of 1 - U1
+    up_val = np.empty(k)
+    up_val[top] = ((_TOP63 - c[top]).astype(np.float64) + 0.5) * 2.0**-63  # d + 1/2
     err_scale = 1.0
-    need = np.flatnonzero(np.where(upper, d, c) < _FULL)
+    # c < 2**50 or d < 2**50, in one unsigned comparison
+    need = np.flatnonzero((c - _FULL).view(np.uint64) > np.uint64(_TOP63 - 2 * _FULL))
     if need.size:
-        ok = _extend(bits, u0, need, np.where(upper, d, c)[need], upper[need], low_val, up_val)
-        if not ok:
+        cn = c[need]
+        upper = cn >= 1 << 62
+        num = np.where(upper, _TOP63 - cn, cn)
+        if not _extend(bits, u0, need, num, upper, low_val, up_val):
             err_scale = math.inf
     with np.errstate(divide="ignore", invalid="ignore"):
-        ln_u = np.where(upper, np.log1p(-up_val), np.log(low_val))
+        ln_u = np.log(low_val)
+        ln_u[top] = np.log1p(-up_val[top])
     r = np.sqrt(-2.0 * ln_u)
     theta = (main[:, 1].astype(np.float64) * 2.0**32 + ext[:, 1].astype(np.float64) + 0.5) * (
         _TWO_PI_2_64
@@ -152,7 +159,7 @@ def normals(bits: Any, first: int, n: int) -> tuple[NDArray[np.float64], float]:
     z = np.stack([r * np.cos(theta), r * np.sin(theta)], axis=1).reshape(-1)
     start = first - 2 * u0
     r_max = float(r.max())
-    err = (4.0 + 64.0 * r_max) * _U * (1.0 + 2.0**-20) * err_scale
+    err = (6.0 + 76.0 * r_max) * _U * (1.0 + 2.0**-20) * err_scale
     return np.ascontiguousarray(z[start : start + n]), err
 
 
@@ -166,8 +173,9 @@ def _extend(
     up_val: NDArray[np.float64],
 ) -> bool:
     """Read extension levels 2, 3, ... for the units ``u0 + idx`` whose numerator ``num``
-    (``c``, or the complement ``d`` where ``upper``) is below ``2**54``, and write the float64
-    ``(num + 1/2) 2**-bits`` into ``low_val`` / ``up_val``. False if 30 levels did not suffice."""
+    (``c``, or the complement ``d`` where ``upper``) is below ``2**50``, and write the float64
+    ``(num + 1/2) 2**-bits`` (two roundings: ``num < 2**50`` is exact) into ``low_val`` /
+    ``up_val``. False if 30 levels did not suffice."""
     nbits = np.full(idx.size, 63, dtype=np.int64)
     pending = np.arange(idx.size)
     num = num.copy()
@@ -177,7 +185,7 @@ def _extend(
         e1, _ = bits.ext(level, u0 + idx[pending])
         e = np.where(upper[pending], 0xFFFFFFFF - e1, e1)  # the complement's next 32 bits
         v = num[pending]
-        done = v >= _EXTEND  # v 2**32 + e >= 2**54: final, approximated (3 roundings)
+        done = v >= _EXTEND  # v 2**32 + e >= 2**50: final
         fin = pending[done]
         val = (v[done].astype(np.float64) * 2.0**32 + e[done].astype(np.float64) + 0.5) * np.ldexp(
             1.0, -(nbits[fin] + 32)
@@ -185,29 +193,35 @@ def _extend(
         low_val[idx[fin[~upper[fin]]]] = val[~upper[fin]]
         up_val[idx[fin[upper[fin]]]] = val[upper[fin]]
         keep = pending[~done]
-        num[keep] = (num[keep] << 32) | e[~done]  # exact: < 2**54
+        num[keep] = (num[keep] << 32) | e[~done]  # exact: < 2**50
         nbits[keep] += 32
         pending = keep
     return not pending.size
 
 
 # ------------------------------------------------------------------------- the fast check
+def fast_margin(y_max: float, s: float, scale: float, error_bound: float) -> float:
+    """Lattice units within which ``v = fl(f + fl(fl(s scale) y))`` may differ from the ideal
+    ``f + s scale Y`` (``|y - Y| <= error_bound``, ``|y| <= y_max``, ``|f| <= 1/2``): ``s scale
+    error_bound + 2.01 u s scale y_max + 1.01 u (1/2 + s scale y_max)``, inflated by ``2**-40``
+    for its own rounding. One number per release, from the noise only: which values are
+    flagged does not depend on the data beyond the flatness of ``s scale Z`` modulo 1."""
+    sy = s * scale * y_max
+    raw = s * scale * error_bound + 2.01 * _U * sy + 1.01 * _U * (0.5 + sy * (1 + 4 * _U))
+    return raw * (1.0 + 2.0**-40) + 2.0**-60
+
+
 def fast_indices(
     f: NDArray[np.float64], y: NDArray[np.float64], s: float, scale: float, error_bound: float
 ) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
     """``(J, flagged)``: ``J = round(f + s scale y)`` and the positions where it may differ
-    from ``round(f + s scale Y)`` for some ideal ``Y`` with ``|y - Y| <= error_bound``.
-
-    The computed ``v = fl(f + fl(fl(s scale) y))`` is within ``s scale error_bound + 2.01 u s
-    scale |y| + 1.01 u |v|`` of ``f + s scale Y``; a value is accepted when ``|v - J|`` (exact)
-    is below ``1/2`` minus that margin (inflated by ``2**-40`` for its own rounding)."""
-    sc = s * scale
+    from ``round(f + s scale Y)`` for some ideal ``Y`` with ``|y - Y| <= error_bound``: those
+    with ``|v - J|`` (exact) not below ``1/2 -`` :func:`fast_margin`."""
+    y_max = max(float(y.max()), -float(y.min())) if y.size else 0.0
     with np.errstate(over="ignore", invalid="ignore"):
-        v = f + sc * y
+        margin = fast_margin(y_max, s, scale, error_bound)
+        v = f + (s * scale) * y
         j = np.rint(v)
-        margin = (s * scale * error_bound + 2.01 * _U * sc * np.abs(y) + 1.01 * _U * np.abs(v)) * (
-            1.0 + 2.0**-40
-        ) + 2.0**-60
         flagged = ~(np.abs(v - j) < 0.5 - margin)  # NaN/inf (an infinite bound) is flagged
     return j, np.flatnonzero(flagged)
 
