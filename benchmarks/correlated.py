@@ -31,7 +31,8 @@ Three parts (``torch.set_num_threads(1)`` for the torch ones):
    normals, the filter, :func:`renyi.noise.snap` of the float noise), steps interleaved,
    medians; how many values the fast check flags (and how many lie within 10**3 and 10**5
    times its margin of a boundary: the count scales linearly), and the cost of the exact
-   recomputation of one coordinate against the length of its row.
+   recomputation of one coordinate against the length of its row. ``--bound-steps T``: the
+   filters' error bound over T steps (strategies optimised for T).
 
     .venv/bin/python benchmarks/correlated.py --errors --accuracy --cost [--seeds 3] [--json]
     .venv/bin/python benchmarks/correlated.py --exactness --exact-params 1000000 --exact-steps 64
@@ -407,6 +408,43 @@ def _exact_one(strat: Any, params: int, steps: int, x: Any, std: float, sens: fl
     }  # fmt: skip
 
 
+def bound_growth(steps: int, params: int = 1000) -> list[dict[str, Any]]:
+    """The filters' error bound ``B_t`` over ``steps`` steps (``params`` values per step) for
+    strategies optimised for that many steps: where it levels off."""
+    import numpy as np
+    import torch
+
+    from renyi import noise
+    from renyi.correlated.exactness import filter_exactness
+    from renyi.correlated.optimize import optimize_banded, optimize_blt
+    from renyi.correlated.strategies import TreeStrategy, bisr
+    from renyi.correlated.streaming import streaming_noise
+    from renyi.correlated.workload import prefix_coefs
+
+    work = prefix_coefs(steps, 0.9)
+    strategies = {
+        "banded 4": optimize_banded(steps, 4, workload=work),
+        "banded 64": optimize_banded(steps, 64, workload=work),
+        "blt 3": optimize_blt(steps, 3, min_sep=32, max_participations=64, workload=work),
+        "tree": TreeStrategy(),
+        "banded inverse 16": bisr(16, 0.9),
+    }
+    cn = noise.CounterNoise(os.urandom(32))
+    out = []
+    for name, strat in strategies.items():
+        filt, ex = streaming_noise(strat), filter_exactness(strat)
+        assert ex is not None
+        bounds = []
+        for t in range(steps):
+            z, err = cn.standard_normal(params, stream=0, step=t, with_bound=True)
+            y = filt.next(torch.from_numpy(z))
+            bounds.append(ex.observe(t, err, float(np.abs(z).max()), float(y.abs().max())))
+        marks = sorted({0, min(256, steps - 1), min(1024, steps - 1), steps - 1})
+        out.append({"strategy": name, "steps": steps, "params": params,
+                    "bound_at": {t: bounds[t] for t in marks}})  # fmt: skip
+    return out
+
+
 def exactness(params: int, steps: int) -> dict[str, Any]:
     """Cost of exact correlated releases against the former float release (see the module
     docstring, part 5)."""
@@ -456,6 +494,7 @@ def main() -> int:
     p.add_argument("--exactness", action="store_true", help="cost of exact correlated releases")
     p.add_argument("--exact-params", type=int, default=1_000_000)
     p.add_argument("--exact-steps", type=int, default=64)
+    p.add_argument("--bound-steps", type=int, help="B_t over this many steps (1000 values)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     warnings.simplefilter("ignore")
@@ -471,6 +510,8 @@ def main() -> int:
         result["memory"] = memory(args.memory_params, args.memory_bands, 2 * args.memory_bands)
     if args.exactness:
         result["exactness"] = exactness(args.exact_params, args.exact_steps)
+    if args.bound_steps:
+        result["bound_growth"] = bound_growth(args.bound_steps)
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -513,6 +554,8 @@ def main() -> int:
         for r in result["exactness"]["rows"]:
             print("exact recomputation s/coordinate by row terms", r["strategy"],
                   json.dumps(r["exact_seconds_per_coordinate_by_row_terms"]))  # fmt: skip
+    for r in result.get("bound_growth", []):
+        print("error bound B_t", r["strategy"], json.dumps(r["bound_at"]))
     for r in result.get("memory", []):
         print("memory", json.dumps(r))
     print(f"load average at start: {result['load_average']}")

@@ -10,6 +10,8 @@ factorization, Choquette-Choo et al. 2023; BLTs, Dvijotham et al. 2024; McKenna 
 * :mod:`~renyi.correlated.sensitivity` — sensitivity under participation patterns;
 * :mod:`~renyi.correlated.optimize` — strategy coefficients for given T and pattern;
 * :mod:`~renyi.correlated.streaming` — the noise ``C⁻¹ z`` step by step, bounded memory;
+* :mod:`~renyi.correlated.exactness` — the exact rows of ``C⁻¹`` and a proven bound on the
+  streaming noise's rounding error (exact lattice releases);
 * :mod:`~renyi.correlated.accounting` — the event each strategy and pattern costs, and σ
   calibrated for a target (ε, δ).
 

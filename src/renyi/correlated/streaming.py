@@ -18,7 +18,9 @@ forming a T × T matrix:
 * identity (DP-SGD): ``y_t = z_t``, returned as is (no copy, no arithmetic: bit for bit).
 
 They work on numpy arrays and torch tensors alike (only ``+``, ``*``, ``copy``/``clone``), so
-this module does not import torch. Their state (:meth:`StreamingNoise.state_dict`) is what
+this module does not import torch. :mod:`renyi.correlated.exactness` bounds the rounding error
+of this arithmetic (in float64) and gives the exact rows of ``R``: change the arithmetic here
+and the bound there together. Their state (:meth:`StreamingNoise.state_dict`) is what
 a checkpoint must carry for resume to continue the same noise sequence.
 """
 

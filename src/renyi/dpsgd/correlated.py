@@ -19,11 +19,18 @@ Guarantee: training for at most ``plan.steps`` steps with the returned loader an
 optimizer is (ε, δ)-DP (add/remove neighbours) for the ε the accountant reports for
 ``plan.event``.
 
+The fresh normals of step t are those of counter ``(0, t)`` of a
+:class:`renyi.noise.CounterNoise` (a fresh OS key per run; ``counter_noise=`` to give one;
+with ``seed=`` a key derived from the seed). Every release is exact
+(:meth:`renyi.noise.CounterNoise.snap_combination`): its lattice index is that of the ideal
+mechanism ``round(x/g + s·sens·Σ_j R[t, j] Z_j)`` for the ideal normals of the counters' bits
+and the exact ``R`` of the strategy's coefficients (:mod:`renyi.correlated.exactness`,
+docs/correlated.md "Exactness"). With ``counter_noise`` given, the banded-inverse strategy
+(``noise="banded_inverse"``) regenerates its past draws and keeps no noise vectors.
+
 Checkpoints (:meth:`CorrelatedOptimizer.state_dict`) carry the filter's state — past noise
-vectors — and, with ``counter_noise``, its key. Keep them as secret as the data: whoever
-holds them can cancel part of the noise. With ``counter_noise`` (:class:`renyi.noise.CounterNoise`)
-the fresh normals of step t are those of counter ``(0, t)``; the banded-inverse strategy
-(``noise="banded_inverse"``) then regenerates its past draws and keeps no noise vectors.
+vectors —, the key and the filter's error record. Keep them as secret as the data: whoever
+holds them can cancel the noise.
 
 Example:
     >>> import torch
