@@ -196,12 +196,16 @@ def _optimizer(kind: str, steps: int, key: bytes = KEY, regenerate: bool | None 
 
 
 # --------------------------------------------------------------------- the tests
-@pytest.mark.parametrize("kind", list(STRATEGIES))
-def test_release_index_is_the_ideal_one_and_the_bytes_canonical(kind):
-    """Every coordinate of every step, random and forced near a boundary, float32 and
-    float64 sums: released bytes == sat(fl(g K_ideal)) + 0 (so a function of the ideal index
-    only, never -0.0)."""
-    steps = 9
+@pytest.mark.parametrize(
+    ("kind", "steps"),
+    [(k, 9) for k in STRATEGIES]
+    + [pytest.param(k, 40, marks=pytest.mark.slow, id=f"{k}-40") for k in STRATEGIES],
+)
+def test_release_index_is_the_ideal_one_and_the_bytes_canonical(kind, steps):
+    """Every coordinate of every step, random and (float64 steps) forced within ~1e-16 of a
+    boundary, float32 and float64 sums: released bytes == sat(fl(g K_ideal)) + 0 (so a
+    function of the ideal index only, never -0.0). The slow cases run 40 steps (rows of up
+    to 40 terms)."""
     opt = _optimizer(kind, steps)
     n = 105
     ideal = _Ideal(n)
@@ -223,8 +227,9 @@ def test_release_index_is_the_ideal_one_and_the_bytes_canonical(kind):
         want = _canonical(k, g, dtype)
         assert out.numpy().tobytes() == want.numpy().tobytes(), (kind, t)
         assert not torch.any(torch.signbit(out) & (out == 0))
-        forced_total += n - len(range(0, n, 3))
-    assert forced_total >= 600
+        if dtype == torch.float64:  # float32 sums cannot come closer than ~1e-7
+            forced_total += n - len(range(0, n, 3))
+    assert forced_total >= 350  # 70 values per float64 step
 
 
 @pytest.mark.parametrize("kind", list(STRATEGIES))

@@ -59,6 +59,7 @@ _LOG1P = 1 << 59  # complements below 2**59 (1 - U1 < 2**-4) take log1p
 _MAX_FAST_LEVELS = 30  # the float pass stops here (U1 < 2**-900: probability < 2**-900)
 _TOP63 = (1 << 63) - 1
 _TWO_PI_2_64 = 2.0 * math.pi * 2.0**-64
+_BATCH_BLOCKS = 1 << 14  # ChaCha20 blocks per vectorised call of the exact tier
 
 
 def gamma(k: int) -> float:
@@ -311,14 +312,19 @@ def decide(
     steps = np.asarray(row_at(120).steps, dtype=np.int64)
     k_terms = steps.size
     units = np.asarray(positions, dtype=np.int64) // 2
-    all_steps = np.tile(steps, units.size)
-    all_units = np.repeat(units, k_terms)
-    main = _words(key, 0, stream, all_steps, all_units).tolist()
-    first = _words(key, 1, stream, all_steps, all_units).tolist()
+    batch = max(1, _BATCH_BLOCKS // k_terms)  # positions whose level-1 words are fetched at once
+    main: list[Any] = []
+    first: list[Any] = []
     for i, (pos, fi) in enumerate(zip(positions.tolist(), f.tolist(), strict=True)):
+        if i % batch == 0:
+            chunk = units[i : i + batch]
+            all_steps = np.tile(steps, chunk.size)
+            all_units = np.repeat(chunk, k_terms)
+            main = _words(key, 0, stream, all_steps, all_units).tolist()
+            first = _words(key, 1, stream, all_steps, all_units).tolist()
         unit, which = divmod(int(pos), 2)
         ff = Fraction(fi)
-        block = slice(i * k_terms, (i + 1) * k_terms)
+        block = slice((i % batch) * k_terms, (i % batch + 1) * k_terms)
         pairs = list(zip(main[block], first[block], strict=True))
         n1 = [((w[0] & 0x7FFFFFFF) << 32) | e[0] for w, e in pairs]
         n2 = [(w[1] << 32) | e[1] for w, e in pairs]
