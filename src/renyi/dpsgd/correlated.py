@@ -298,6 +298,11 @@ class CorrelatedOptimizer(DPOptimizer):
         plan: its privacy plan (:func:`renyi.correlated.accounting.correlated_plan`), whose
             noise multiplier and steps this optimizer follows.
         sampler: the :class:`CyclicPoissonSampler` the plan was made for.
+        counter_noise: the :class:`renyi.noise.CounterNoise` whose counters ``(0, t)`` give
+            step t's fresh normals (default: a fresh OS key; a seed-derived key with a seeded
+            ``random_source``). Its key is in every checkpoint: keep them secret.
+        regenerate: banded inverse only: regenerate the past draws from the counters instead
+            of storing them (default: when ``counter_noise`` is given).
     """
 
     def __init__(
