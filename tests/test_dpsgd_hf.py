@@ -323,6 +323,79 @@ def test_checkpoint_resume_equals_the_uninterrupted_run(
         assert torch.equal(params_resumed[name], value), name
 
 
+@pytest.mark.parametrize("family", ["gpt2", "bert-mlm"])
+def test_full_fine_tuning_with_tied_embeddings_equals_a_batch_of_one_loop(
+    family: str, tmp_path: Path
+) -> None:
+    """GPT-2's and BERT's LM heads share the input embedding: DPTrainer trains them, and the
+    micro-batch's clipped sum equals clipping each example's own gradient of its own loss
+    (the sum of both uses of the tied weight), in float64."""
+    vocab, b, t, c = 40, 5, 6, 0.3
+    torch.manual_seed(0)
+    if family == "gpt2":
+        config = transformers.GPT2Config(
+            vocab_size=vocab, n_positions=8, n_embd=8, n_layer=1, n_head=2, pad_token_id=0
+        )
+        config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
+        model = transformers.GPT2LMHeadModel(config).double()
+    else:
+        config = _bert_config(_VocabOf(vocab))
+        model = transformers.BertForMaskedLM(config).double()
+    assert model.get_input_embeddings().weight is model.get_output_embeddings().weight
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, vocab, (b, t), generator=g)
+    mask = torch.ones(b, t, dtype=torch.long)
+    mask[1, 4:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    if family == "bert-mlm":
+        labels[:, ::2] = -100
+    rows = [{"input_ids": ids[i], "attention_mask": mask[i], "labels": labels[i]} for i in range(b)]
+    trainer = DPTrainer(
+        model=model,
+        args=_args(tmp_path, per_device_train_batch_size=b, max_steps=1),
+        train_dataset=rows,
+        noise_multiplier=1.0,
+        target_delta=1e-5,
+        max_grad_norm=c,
+        noise_seed=0,
+        accountant="rdp",
+    )
+    trainer.create_optimizer()
+    dp = trainer.dp_optimizer
+    assert dp is not None
+    trainer.training_step(model, {"input_ids": ids, "attention_mask": mask, "labels": labels})
+    got = dp._summed
+    assert got is not None
+    loss_fn = per_example_loss_for(model)
+    params = dict(model.named_parameters())
+    for i in range(b):
+        logits = model(
+            input_ids=ids[i : i + 1],
+            attention_mask=mask[i : i + 1],
+            position_ids=torch.arange(t)[None],
+        ).logits
+        loss = loss_fn(logits, labels[i : i + 1]).sum()
+        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+        gs = [
+            torch.zeros_like(p) if x is None else x
+            for x, p in zip(grads, params.values(), strict=True)
+        ]
+        norm = math.sqrt(sum(float(x.pow(2).sum()) for x in gs))
+        w = min(1.0, c / (norm * (1 + 1e-6)))
+        for name, x in zip(params, gs, strict=True):
+            got[f"model.{name}"] = got[f"model.{name}"] - w * x
+    for name, rest in got.items():
+        assert float(rest.abs().max()) < 1e-12, name
+
+
+class _VocabOf:
+    def __init__(self, n: int) -> None:
+        self.n, self.pad_token_id = n, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+
 def _refused(build: Callable[[], Any], match: str) -> None:
     with pytest.raises(PrivacyParameterError, match=match):
         build()
@@ -331,13 +404,13 @@ def _refused(build: Callable[[], Any], match: str) -> None:
 def test_refusals(tokenizers: dict[str, Any], lines: list[str], tmp_path: Path) -> None:
     tok = tokenizers["bpe"]
     data = _Encoded(tok, lines)
-    # full fine-tuning with GPT-2's tied embeddings/LM head: refused, saying what to do
-    _refused(lambda: _trainer(_gpt2(tok, lora=False), _args(tmp_path), data, _clm(tok)), "tied")
-    # untied, it trains
-    trainer = _trainer(
-        _gpt2(tok, lora=False, tie=False), _args(tmp_path, max_steps=1), data, _clm(tok)
-    )
-    trainer.train()
+    # a trainable parameter shared with a module that has no per-example rule (here a
+    # holder with a parameter of its own): refused, saying what to do
+    shared = _gpt2(tok, lora=False)
+    shared.holder = nn.Module()
+    shared.holder.w = shared.lm_head.weight
+    shared.holder.own = nn.Parameter(torch.zeros(2))
+    _refused(lambda: _trainer(shared, _args(tmp_path), data, _clm(tok)), "shared by modules")
     # a model without a known per-example loss
     base = transformers.GPT2Model(_gpt2(tok, lora=False).config)
     _refused(lambda: _trainer(base, _args(tmp_path), data, _clm(tok)), "per_example_loss")

@@ -75,13 +75,13 @@ def _gpt2(kind: str) -> Any:
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attn_pdrop=0.0,
-        tie_word_embeddings=False,
+        tie_word_embeddings=kind == "lm-tied",
         pad_token_id=0,
     )
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if kind == "lm":
+        if kind.startswith("lm"):
             model = transformers.GPT2LMHeadModel(cfg)
         else:
             model = transformers.GPT2ForSequenceClassification(cfg)
@@ -90,33 +90,73 @@ def _gpt2(kind: str) -> Any:
     return model.double()
 
 
-@pytest.mark.parametrize("kind", ["lm", "cls"])
-def test_gpt2_built_in_losses_leave_one_out_at_most_c(kind: str) -> None:
-    model = _gpt2(kind)
-    assert leave_one_out(model, _batch(kind)) <= 1.0
-
-
-def test_gpt2_full_fine_tuning_equals_a_batch_of_one_loop() -> None:
-    """Every GPT-2 layer has a ghost rule (``Conv1D`` as an affine map with its weight stored
-    ``[in, out]``): the captured clipped sum equals clipping each example's own gradient of
-    its own loss (the mean over its own tokens), in float64."""
-    torch.manual_seed(1)
-    cfg = transformers.GPT2Config(
+def _bert_mlm(hidden: int = 16, layers: int = 2) -> Any:
+    """BERT's masked-LM head shares the word embeddings (and holds its decoder's bias)."""
+    cfg = transformers.BertConfig(
         vocab_size=VOCAB,
-        n_positions=8,
-        n_embd=8,
-        n_layer=1,
-        n_head=2,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        tie_word_embeddings=False,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=16,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        pad_token_id=0,
     )
+    torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = transformers.GPT2LMHeadModel(cfg).double()
+        model = transformers.BertForMaskedLM(cfg)
+    return model.double()
+
+
+def _mlm_batch() -> dict[str, Any]:
     batch = _batch("lm")
+    batch["labels"][:, ::2] = -100  # every other token masked out of the loss
     batch["position_ids"] = torch.arange(T).expand(B, T)  # per example (not broadcast)
+    return batch
+
+
+@pytest.mark.parametrize("kind", ["lm", "cls", "lm-tied"])
+def test_gpt2_built_in_losses_leave_one_out_at_most_c(kind: str) -> None:
+    model = _gpt2(kind)
+    assert leave_one_out(model, _batch(kind.removesuffix("-tied"))) <= 1.0
+
+
+def test_bert_masked_lm_with_tied_embeddings_leave_one_out_at_most_c() -> None:
+    assert leave_one_out(_bert_mlm(), _mlm_batch()) <= 1.0
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "gpt2-tied", "bert-mlm-tied"])
+def test_full_fine_tuning_equals_a_batch_of_one_loop(kind: str) -> None:
+    """Every GPT-2 and BERT layer has a ghost rule (``Conv1D`` as an affine map with its
+    weight stored ``[in, out]``), and the LM heads' weight tied to the input embedding gets
+    the sum of both uses (the norm's cross terms included): the captured clipped sum equals
+    clipping each example's own gradient of its own loss (the mean over its own tokens), in
+    float64."""
+    torch.manual_seed(1)
+    if kind.startswith("gpt2"):
+        cfg = transformers.GPT2Config(
+            vocab_size=VOCAB,
+            n_positions=8,
+            n_embd=8,
+            n_layer=1,
+            n_head=2,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            tie_word_embeddings=kind == "gpt2-tied",
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = transformers.GPT2LMHeadModel(cfg).double()
+        batch = _batch("lm")
+        batch["position_ids"] = torch.arange(T).expand(B, T)  # per example (not broadcast)
+    else:
+        model = _bert_mlm(hidden=8, layers=1)
+        batch = _mlm_batch()
+    tied = [n for n, _ in model.named_parameters(remove_duplicate=False)]
+    assert (len(tied) > len(dict(model.named_parameters()))) == kind.endswith("tied")
     c = 0.5
     cap = PerExampleCapture(model, max_grad_norm=c)
     try:
@@ -138,5 +178,6 @@ def test_gpt2_full_fine_tuning_equals_a_batch_of_one_loop() -> None:
         w = min(1.0, c / (norm * (1 + 1e-6)))
         for k, x in zip(params, g, strict=True):
             want[k] += w * x
+    assert sorted(got) == sorted(want)
     for k in want:
         assert torch.allclose(got[k], want[k], rtol=1e-9, atol=1e-12), k

@@ -66,6 +66,7 @@ from renyi.dpsgd.clipping import (
     _Recording,
     _sq_norms,
     is_engine_running,
+    used_outside_error,
 )
 from renyi.dpsgd.grad_sample import UnsupportedModelError
 from renyi.dpsgd.independence import CheckSchedule
@@ -278,10 +279,10 @@ class PerExampleCapture:
         self._marks: list[tuple[str, Tensor, Tensor | None, int]] = []
         self._zeros: dict[str, Tensor] = {}
         detached = {
-            f"{n}.{p}" if n else p
-            for n, lay in self.engine._layers.items()
+            full
+            for lay in self.engine._layers.values()
             if lay.kind in ("ghost", "decomposed")
-            for p in lay.local
+            for full in lay.full
         }
         self._detached_params = [(n, p) for n, p in self.engine._params.items() if n in detached]
         self._cm = self.engine._recording(hooks=True)
@@ -418,24 +419,21 @@ class PerExampleCapture:
         self._marks = [
             (name, p, p.grad, -1 if p.grad is None else p.grad._version)
             for name, p in self._detached_params
+            if self.engine.mode != "vmap"  # whole-model vmap: the captured grads are unused
         ]
 
     def _check_grads(self) -> None:
         """After the seeded backward: a parameter of a detached layer that received a
-        gradient is used outside its layer's forward (tied weights, a parameter used in a
-        parent's forward): its per-example gradient would be missed, so the step is refused.
+        gradient is used outside its layer's forward (a parameter used in a parent's forward,
+        or shared with a module without a rule): its per-example gradient would be missed,
+        so the step is refused.
         Then every trainable parameter without ``.grad`` gets a zero one (what the user's
         backward contributes to the non-private gradient: the update comes from the clipped
         sums at ``step()``; ``torch.amp.GradScaler`` needs gradients to check)."""
         for name, p, before, version in self._marks:
             after = p.grad
             if after is not before or (after is not None and after._version != version):
-                self._error = UnsupportedModelError(
-                    f"parameter {name!r} received a gradient from outside the forward of its "
-                    "module (it is used elsewhere too: tied weights, or a parent's forward "
-                    "using it directly); its per-example gradient would be incomplete. Use "
-                    "mode='vmap' (whole-model per-example gradients); nothing was released"
-                )
+                self._error = used_outside_error(name)
                 break
         self._marks = []
         for name, p in self.engine._params.items():
@@ -528,9 +526,8 @@ class PerExampleCapture:
         try:
             inputs = pending.call.inputs
             if engine.mode == "vmap":
-                if list(pending.call.where) != list(range(len(inputs))) or len(
-                    pending.call.leaves
-                ) != len(inputs):
+                call = pending.call
+                if call.spec is not None or len(call.leaves) != len(inputs):
                     raise UnsupportedModelError(
                         "whole-model vmap (mode 'vmap') on the backward-capture path needs "
                         "the model called with its batched tensors as positional arguments "

@@ -51,6 +51,7 @@ from renyi.dpsgd.ghost import (
     LayerGrads,
     LinearMapGrads,
     PerExampleGrads,
+    TiedGrads,
     anchored,
     compute_dtype,
     detached_forward,
@@ -128,6 +129,23 @@ def _flat_weight(norm: Tensor, c: float) -> Tensor:
     return (c / (norm * (1.0 + CLIP_MARGIN))).clamp(max=1.0)
 
 
+class _UsedOutsideError(UnsupportedModelError):
+    """A parameter reached by the backward pass outside the layers whose rules give its
+    per-example gradient (mode 'auto' then switches the engine to whole-model vmap)."""
+
+
+def used_outside_error(name: str) -> UnsupportedModelError:
+    """A parameter reached by the backward pass outside the layers whose rules give its
+    per-example gradient (a parent's forward using it directly, or a module without a rule
+    sharing it): its per-example gradient would be incomplete."""
+    return _UsedOutsideError(
+        f"parameter {name!r} received a gradient from outside the forward of its module (a "
+        "parent's forward using it directly, or a module without a per-example rule sharing "
+        "it); its per-example gradient would be incomplete. Use mode='vmap' (whole-model "
+        "per-example gradients); nothing was released"
+    )
+
+
 class _NotBatchFirstError(UnsupportedModelError):
     """A layer without a ghost rule is not called with the batch along dim 0 (mode 'auto'
     then switches to whole-model vmap)."""
@@ -142,10 +160,23 @@ class _Layer:
     a ghost rule, a decomposed forward (RNNs, attention; the module's children's parameters
     included), a registered user rule, or per-layer ``vmap``."""
 
-    def __init__(self, name: str, module: nn.Module, local: list[str], kind: LayerKind) -> None:
+    def __init__(
+        self,
+        name: str,
+        module: nn.Module,
+        local: list[str],
+        kind: LayerKind,
+        full: list[str] | None = None,
+    ) -> None:
         self.name, self.module, self.local, self.kind = name, module, local, kind
         self.ghost = kind != "vmap"
-        self.full = [f"{name}.{n}" if name else n for n in local]
+        #: the parameters' names in the model (``model.named_parameters()``: a parameter
+        #: shared with another module, e.g. a tied LM head, has its first name there)
+        self.full = full if full is not None else [f"{name}.{n}" if name else n for n in local]
+        self.full_of = dict(zip(local, self.full, strict=True))
+
+    def local_of(self, full: str) -> str:
+        return self.local[self.full.index(full)]
 
 
 class _Recording:
@@ -378,43 +409,74 @@ class ClippedGradientEngine:
         return dict.fromkeys(names, c / math.sqrt(len(names)))
 
     def _plan(self, model: nn.Module) -> tuple[dict[str, _Layer], bool]:
-        layers: dict[str, _Layer] = {}
-        owner_count: dict[int, int] = {}
-        layerwise = True
+        """The layers that own trainable parameters and how each gets its per-example
+        gradients; ``False`` when the model needs whole-model vmap.
+
+        A parameter owned by several modules (tied weights: GPT-2's and BERT's LM heads
+        share the input embedding) is handled layer by layer when every module that owns it
+        has a ghost rule, apart from modules that only hold it and own no other trainable
+        parameter (BERT's prediction head holds its decoder's bias): example ``i``'s gradient
+        of it is the sum of its uses' (:class:`renyi.dpsgd.ghost.TiedGrads` adds the cross
+        terms to the norm). Other sharing needs whole-model vmap.
+        """
+        canon = {id(p): n for n, p in self._params.items()}
+        found: list[tuple[str, nn.Module, list[str], LayerKind]] = []
+        owners: dict[int, list[tuple[str, str]]] = {}
         covered: list[str] = []  # decomposed layers: their submodules are part of them
         for name, module in model.named_modules():
             if any(c == "" or name.startswith(c + ".") for c in covered):
                 continue
+            kind: LayerKind
             if supports_decomposed(module) and rule_for(module) is None:
                 covered.append(name)
                 local = [n for n, p in module.named_parameters() if p.requires_grad]
-                for p in module.parameters():
-                    if p.requires_grad:
-                        owner_count[id(p)] = owner_count.get(id(p), 0) + 1
-                if local:
-                    layers[name] = _Layer(name, module, local, "decomposed")
-                continue
-            local = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
-            for n in local:
-                pid = id(getattr(module, n))
-                owner_count[pid] = owner_count.get(pid, 0) + 1
+                kind = "decomposed"
+            else:
+                local = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
+                if rule_for(module) is not None:
+                    kind = "rule"
+                elif supports_ghost(module):
+                    kind = "ghost"
+                else:
+                    kind = "vmap"
             if not local:
                 continue
-            has_child_params = any(
-                p.requires_grad for c in module.children() for p in c.parameters()
+            for n in local:
+                owners.setdefault(id(module.get_parameter(n)), []).append((name, n))
+            found.append((name, module, local, kind))
+        kinds = {name: kind for name, _, _, kind in found}
+        holds = {name: local for name, _, local, _ in found}
+        layerwise = True
+        aliases: set[tuple[str, str]] = set()  # (module, local): holds a ghost layer's
+        shared: dict[str, list[str]] = {}
+        for pid, own in owners.items():
+            if len(own) < 2:
+                continue
+            users = [m for m, _ in own if kinds[m] == "ghost"]
+            holders = [(m, n) for m, n in own if kinds[m] != "ghost"]
+            pure = all(
+                kinds[m] == "vmap"
+                and all(len(owners[id(_module(model, m).get_parameter(k))]) > 1 for k in holds[m])
+                for m, _ in holders
             )
-            if has_child_params:
+            if not users or not pure:
                 layerwise = False
-            kind: LayerKind
-            if rule_for(module) is not None:
-                kind = "rule"
-            elif supports_ghost(module):
-                kind = "ghost"
-            else:
-                kind = "vmap"
-            layers[name] = _Layer(name, module, local, kind)
-        if any(c > 1 for c in owner_count.values()):
-            layerwise = False
+                continue
+            aliases.update(holders)
+            shared[canon[pid]] = users
+        layers: dict[str, _Layer] = {}
+        for name, module, local, kind in found:
+            kept = [n for n in local if (name, n) not in aliases]
+            if not kept:
+                continue
+            if kind != "decomposed" and any(
+                p.requires_grad for c in module.children() for p in c.parameters()
+            ):
+                layerwise = False
+            full = [canon[id(module.get_parameter(n))] for n in kept]
+            layers[name] = _Layer(name, module, kept, kind, full)
+        #: parameters owned by several modules, handled layer by layer: their using layers
+        self._shared = shared
         if layerwise:
             covered_names = {n for lay in layers.values() for n in lay.full}
             layerwise = covered_names == set(self._params)
@@ -513,7 +575,8 @@ class ClippedGradientEngine:
                     for local in (lay.local if lay is not None else list(self._params))
                 }
                 for local, v in grads.weighted_sum(local_w).items():
-                    sums[_full(lay, local)] = v
+                    full = _full(lay, local)  # a tied parameter: the sum of its uses'
+                    sums[full] = sums[full] + v if full in sums else v
         return sums
 
     def per_example_norms(self, inputs: Inputs, targets: Tensor) -> dict[str, Tensor]:
@@ -559,10 +622,12 @@ class ClippedGradientEngine:
                         raise
                     self._self_check(inputs, targets, batch)  # learns the batch dimensions
                     by_layer, losses = self._layerwise(inputs, targets, batch)
-        except _NotBatchFirstError:
+        except (_NotBatchFirstError, _UsedOutsideError):
             if self._requested != "auto":
                 raise
-            self.mode = "vmap"  # a layer without a rule, not called batch-first
+            # a layer without a rule, not called batch-first; or a shared parameter used
+            # outside the layers that own it
+            self.mode = "vmap"
         if self.mode == "vmap":
             per_ex, losses = per_example_grads(
                 self.model,
@@ -655,6 +720,9 @@ class ClippedGradientEngine:
 
             return forward
 
+        # the engine's own pass: layers using a shared parameter run on detached parameters
+        # too, so that a gradient reaching it shows a use outside them (see _record)
+        shared_users = {u for users in self._shared.values() for u in users}
         handles = []
         patched: list[tuple[nn.Module, Any]] = []
         try:
@@ -662,7 +730,7 @@ class ClippedGradientEngine:
                 if lay.kind == "decomposed":
                     patched.append((lay.module, lay.module.__dict__.get("forward")))
                     lay.module.forward = make_forward(name, lay.module)  # type: ignore[method-assign]
-                elif hooks and lay.kind == "ghost":
+                elif lay.kind == "ghost" and (hooks or name in shared_users):
                     patched.append((lay.module, lay.module.__dict__.get("forward")))
                     lay.module.forward = make_ghost_forward(name, lay)  # type: ignore[method-assign]
                 else:
@@ -695,9 +763,14 @@ class ClippedGradientEngine:
             rec = holder[0]
             losses = per_example_losses(self.loss_fn, outputs, targets)
             check_finite_losses(losses)
-            if rec.edges and losses.requires_grad:
-                grads = torch.autograd.grad(losses.sum(), rec.edges, allow_unused=True)
-                rec.grads = list(grads)
+            shared = [self._params[n] for n in self._shared]
+            if (rec.edges or shared) and losses.requires_grad:
+                wrt: list[Any] = [*rec.edges, *shared]  # output edges, shared parameters
+                grads = torch.autograd.grad(losses.sum(), wrt, allow_unused=True)
+                rec.grads = list(grads[: len(rec.edges)])
+                for name, g in zip(self._shared, grads[len(rec.edges) :], strict=True):
+                    if g is not None:
+                        raise used_outside_error(name)
         return rec, losses
 
     def _collect(self, rec: _Recording, batch: int) -> dict[str, tuple[_Layer | None, LayerGrads]]:
@@ -736,6 +809,13 @@ class ClippedGradientEngine:
                     calls_h = self.layout.to_batch_first(name, calls_h, batch, fixed)
                     grads = self._layer_grads(lay, calls_h, batch)
             result[name] = (lay, grads)
+        for full, users in self._shared.items():
+            if len(users) > 1:  # tied weights: the cross terms of the uses' norms
+                uses = [(result[u][1], self._layers[u].local_of(full)) for u in users]
+                result[f"\0tied {full}"] = (
+                    None,
+                    TiedGrads(full, self._params[full].shape, uses, batch),
+                )
         return result
 
     def _layer_grads(
@@ -851,18 +931,31 @@ def _exact_arithmetic() -> Iterator[None]:
 
 
 def _sq_norms(by_layer: Mapping[str, tuple[_Layer | None, LayerGrads]]) -> dict[str, Tensor]:
+    """Per-example squared norm of every parameter; a parameter used by several layers
+    (tied weights) gets the sum of its uses' squared norms and of the cross terms (a
+    :class:`~renyi.dpsgd.ghost.TiedGrads` entry)."""
     sq: dict[str, Tensor] = {}
+    tied: set[str] = set()
     with _exact_arithmetic():
         for lay, grads in by_layer.values():
             for local, v in grads.sq_norms().items():
-                sq[_full(lay, local)] = v
+                full = _full(lay, local)
+                if full in sq:
+                    sq[full] = sq[full] + v
+                    tied.add(full)
+                else:
+                    sq[full] = v
+    for full in tied:  # |a + b|^2 >= 0: only rounding of the cross terms can go below
+        sq[full] = sq[full].clamp_min(0.0)
     return sq
 
 
 def _full(lay: _Layer | None, local: str) -> str:
-    if lay is None or not lay.name:
-        return local
-    return f"{lay.name}.{local}"
+    return local if lay is None else lay.full_of[local]
+
+
+def _module(model: nn.Module, name: str) -> nn.Module:
+    return model.get_submodule(name) if name else model
 
 
 def _detach(x: Any) -> Any:

@@ -64,6 +64,7 @@ __all__ = [
     "LayerGrads",
     "LinearMapGrads",
     "PerExampleGrads",
+    "TiedGrads",
     "anchored",
     "compute_dtype",
     "detached_forward",
@@ -233,7 +234,7 @@ class PerExampleGrads:
         self.grads = {n: upcast(g) for n, g in grads.items()}
 
     def sq_norms(self) -> dict[str, Tensor]:
-        return {n: _sq(g.flatten(1), (1,)) for n, g in self.grads.items()}
+        return {n: _sq(g.reshape(g.shape[0], -1), (1,)) for n, g in self.grads.items()}
 
     def weighted_sum(self, weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
         return {
@@ -888,3 +889,142 @@ def ghost_layer_grads(
         f"layer {type(module).__name__} has no ghost-norm rule; supported: "
         + ", ".join(t.__name__ for t in GHOST_LAYER_TYPES)
     )
+
+
+# ---------------------------------------------------------------- tied parameters
+#: ``(left, right)``: example ``i``'s gradient of a parameter ``[P, Q]`` is
+#: ``sum_s left_is right_is^T``; ``left`` is ``[B, S, P]``, or ``[B, S]`` row indices (one-hot
+#: rows: an embedding lookup), ``right`` is ``[B, S, Q]``.
+Factors = tuple[Tensor, Tensor]
+
+
+def _factors(grads: LayerGrads, name: str) -> Factors | None:
+    """The outer-product factors of one use of a weight, when its rule has them."""
+    if name != "weight":
+        return None
+    if isinstance(grads, _Transposed):  # weight stored [in, out]: the factors swapped
+        inner = _factors(grads.inner, name)
+        if inner is None or not inner[0].is_floating_point():
+            return None
+        return inner[1], inner[0]
+    if isinstance(grads, _LinearGrads):
+        return grads.b.unsqueeze(1), grads.a.unsqueeze(1)
+    if isinstance(grads, _SeqLinearGrads):
+        return grads.b, grads.a
+    if isinstance(grads, _OuterProductGrads) and grads.a.shape[1] == 1:
+        if len(grads.weight_shape) == 2:
+            return grads.b[:, 0].transpose(1, 2), grads.a[:, 0].transpose(1, 2)
+        return None
+    if isinstance(grads, _EmbeddingGrads):
+        return grads.idx, grads.b
+    return None
+
+
+def _materialised(grads: LayerGrads, name: str, shape: torch.Size, batch: int) -> Tensor:
+    """One use's per-example gradients of a parameter, ``[B, numel]`` in its layout."""
+    f = _factors(grads, name)
+    if f is not None:
+        left, right = f
+        if left.is_floating_point():
+            pe = torch.bmm(left.transpose(1, 2), right)
+        else:
+            rows = int(shape[0])
+            keys = (torch.arange(batch, device=left.device).unsqueeze(1) * rows + left).reshape(-1)
+            pe = torch.zeros(batch * rows, right.shape[-1], dtype=right.dtype, device=right.device)
+            pe.index_add_(0, keys, right.reshape(-1, right.shape[-1]))
+        return pe.reshape(batch, -1)
+    if isinstance(grads, _Transposed):
+        pe = _materialised(grads.inner, name, torch.Size(reversed(shape)), batch)
+        return pe.reshape(batch, int(shape[1]), int(shape[0])).transpose(1, 2).reshape(batch, -1)
+    if isinstance(grads, PerExampleGrads):
+        return grads.grads[name].reshape(batch, -1)
+    if isinstance(grads, _ConvGrads):
+        pe = grads._weight_per_example() if name == "weight" else grads._bias_per_example()
+        return pe.reshape(batch, -1)
+    if isinstance(grads, _LinearGrads) and name == "bias":
+        return grads.b
+    if isinstance(grads, _SeqLinearGrads) and name == "bias":
+        return grads.b.sum(dim=1)
+    if isinstance(grads, _OuterProductGrads) and name == "bias":
+        return grads.b.sum(dim=3).reshape(batch, -1)
+    raise UnsupportedModelError(
+        f"no per-example gradient of the shared parameter {name!r} from rule {type(grads).__name__}"
+    )
+
+
+def _ghost_cost(f: Factors, g: Factors) -> float:
+    """Multiply-adds per example of the cross term from the factors (``S T`` inner products
+    of the right factors and of the left ones, or a gather for row indices)."""
+    s, t = f[1].shape[1], g[1].shape[1]
+    dense = f[0].is_floating_point() and g[0].is_floating_point()
+    return float(s * t * (f[1].shape[-1] + (f[0].shape[-1] if dense else 1)))
+
+
+def _cross_from_factors(f: Factors, g: Factors) -> Tensor:
+    """``<G_i, H_i>`` for every example, ``G_i = sum_s f0_is f1_is^T``, ``H_i`` likewise:
+    ``sum_{s,t} <f0_is, g0_it> <f1_is, g1_it>`` (the ghost algebra of Li et al. 2022 for two
+    different uses of one weight)."""
+    (l1, r1), (l2, r2) = f, g
+    rr = torch.bmm(r1, r2.transpose(1, 2))  # [B, S, T]
+    batch, s, t = rr.shape
+    if l1.is_floating_point() and l2.is_floating_point():
+        ll = torch.bmm(l1, l2.transpose(1, 2))
+    elif l1.is_floating_point():  # <l1_s, e_{l2_t}> = l1_s[l2_t]
+        ll = l1.gather(2, l2.unsqueeze(1).expand(batch, s, t))
+    elif l2.is_floating_point():
+        ll = l2.gather(2, l1.unsqueeze(1).expand(batch, t, s)).transpose(1, 2)
+    else:
+        ll = (l1.unsqueeze(2) == l2.unsqueeze(1)).to(rr.dtype)
+    # float64 products: (l.l)(r.r) may exceed the float32 range
+    return (ll.double() * rr.double()).sum(dim=(1, 2))
+
+
+class TiedGrads:
+    """The cross terms of a parameter used by several layers (tied weights).
+
+    Example ``i``'s gradient of a tied parameter is the sum of its uses' gradients,
+    ``G_i = sum_u G_ui`` (GPT-2's and BERT's LM heads share the input embedding: ``G_emb +
+    G_head``), so ``||G_i||^2 = sum_u ||G_ui||^2 + 2 sum_{u<v} <G_ui, G_vi>``. Each use's rule
+    gives its own squared norm and its share of the clipped sum; this entry gives the cross
+    terms, ``sq_norms() = {name: 2 sum_{u<v} <G_ui, G_vi>}``, and adds nothing to the sum.
+    Each cross term comes from the uses' factors (inputs and output gradients; an embedding's
+    token ids as one-hot rows: ``sum_{s,t} g_is[idx_it] (b_it . a_is)`` for an embedding and
+    a head, no ``[B, vocab, dim]`` tensor) when that costs fewer multiply-adds than forming
+    the two uses' per-example gradients of the parameter, else from those (``[B, numel]``).
+
+    Args:
+        name: the parameter's name in the model.
+        shape: its shape (each use's gradient is taken in this layout).
+        uses: ``(rule, local name)`` of each layer using it.
+        batch: ``B``.
+    """
+
+    def __init__(
+        self, name: str, shape: torch.Size, uses: Sequence[tuple[LayerGrads, str]], batch: int
+    ) -> None:
+        self.name, self.shape, self.batch = name, shape, batch
+        self.uses = [(g, n) for g, n in uses if not isinstance(g, _ZeroGrads)]
+
+    def sq_norms(self) -> dict[str, Tensor]:
+        cross: Tensor | None = None
+        mats: dict[int, Tensor] = {}
+        for u in range(len(self.uses)):
+            for v in range(u + 1, len(self.uses)):
+                c = self._cross(u, v, mats)
+                cross = c if cross is None else cross + c
+        return {} if cross is None else {self.name: 2.0 * cross}
+
+    def _cross(self, u: int, v: int, mats: dict[int, Tensor]) -> Tensor:
+        (gu, nu), (gv, nv) = self.uses[u], self.uses[v]
+        fu, fv = _factors(gu, nu), _factors(gv, nv)
+        if fu is not None and fv is not None and len(self.shape) == 2:
+            s, t = fu[1].shape[1], fv[1].shape[1]
+            if _ghost_cost(fu, fv) <= (s + t) * self.shape.numel():
+                return _cross_from_factors(fu, fv)
+        for k, (g, n) in ((u, self.uses[u]), (v, self.uses[v])):
+            if k not in mats:
+                mats[k] = _materialised(g, n, self.shape, self.batch)
+        return (mats[u].double() * mats[v].double()).sum(dim=1)
+
+    def weighted_sum(self, weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        return {}  # each use's rule adds its share

@@ -48,9 +48,10 @@ What it changes, and why:
 
 Refused with the reason: several processes or GPUs, DeepSpeed/FSDP, fp16/bf16 mixed
 precision (not yet verified for the per-example engine), ``group_by_length`` and
-``auto_find_batch_size`` (they change the sampling), trainable tied input/output
-embeddings (GPT-2's and BERT's LM heads; freeze them, use LoRA or untie them), models whose
-per-example loss is unknown without ``per_example_loss=``.
+``auto_find_batch_size`` (they change the sampling), trainable parameters shared by
+modules other than layers with per-example rules (tied input/output embeddings, GPT-2's and
+BERT's LM heads, are trained: their per-example gradients are the sum of both uses'), models
+whose per-example loss is unknown without ``per_example_loss=``.
 
 Guarantee: as :class:`~renyi.dpsgd.optimizer.DPOptimizer` — the Poisson-subsampled Gaussian
 (add/remove one training example), composed over the steps taken, by the chosen accountant
@@ -108,6 +109,12 @@ TokenReduction = Literal["mean", "sum"]
 
 
 # ------------------------------------------------------------------ per-example losses
+def _at_least_float32(t: Tensor) -> Tensor:
+    """float16/bfloat16 logits in float32 for the loss; float32/float64 unchanged (a float64
+    model's loss stays in float64)."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
 def _token_losses(logits: Tensor, labels: Tensor, token_reduction: TokenReduction) -> Tensor:
     """``[B]``: each example's cross-entropy over its own labelled tokens (``[B, T, V]``
     logits, ``[B, T]`` labels), their mean or sum; 0 for an example without any."""
@@ -115,7 +122,7 @@ def _token_losses(logits: Tensor, labels: Tensor, token_reduction: TokenReductio
         raise fail("token_reduction", token_reduction, "'mean' or 'sum'")
     keep = labels != IGNORE_INDEX
     ce = nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]).float(),
+        _at_least_float32(logits.reshape(-1, logits.shape[-1])),
         labels.masked_fill(~keep, 0).reshape(-1),
         reduction="none",
     ).view(labels.shape)
@@ -168,15 +175,17 @@ def sequence_classification_loss(
             problem_type = "multi_label_classification"
     if problem_type == "regression":
         return (
-            (logits.reshape(len(labels), -1).float() - labels.reshape(len(labels), -1))
+            (_at_least_float32(logits.reshape(len(labels), -1)) - labels.reshape(len(labels), -1))
             .pow(2)
             .mean(dim=1)
         )
     if problem_type == "single_label_classification":
-        return nn.functional.cross_entropy(logits.float(), labels.long(), reduction="none")
+        return nn.functional.cross_entropy(
+            _at_least_float32(logits), labels.long(), reduction="none"
+        )
     if problem_type == "multi_label_classification":
         return nn.functional.binary_cross_entropy_with_logits(
-            logits.float(), labels.float(), reduction="none"
+            _at_least_float32(logits), labels.to(_at_least_float32(logits).dtype), reduction="none"
         ).mean(dim=1)
     raise fail(
         "problem_type",
@@ -281,6 +290,17 @@ def _tied_trainable(model: nn.Module) -> list[str]:
             if p.requires_grad:
                 owners.setdefault(id(p), []).append(f"{mod_name}.{p_name}".lstrip("."))
     return [" = ".join(names) for names in owners.values() if len(names) > 1]
+
+
+def _layerwise(model: nn.Module) -> bool:
+    """Whether renyi's engine clips ``model`` layer by layer (whole-model vmap is not
+    supported on Hugging Face models' keyword calls)."""
+    from renyi.dpsgd.clipping import ClippedGradientEngine
+
+    engine = ClippedGradientEngine(
+        LogitsForward(model), lambda out, y: out.sum(), max_grad_norm=1.0, self_check=False
+    )
+    return engine.mode != "vmap"
 
 
 # ------------------------------------------------------------------ logical batches
@@ -422,15 +442,13 @@ class DPTrainer(transformers.Trainer):
         if not isinstance(model, nn.Module):
             raise fail("model", type(model).__name__, "a transformers (or peft) model")
         tied = _tied_trainable(model)
-        if tied:
+        if tied and not _layerwise(model):
             raise fail(
                 "model",
-                f"trainable tied parameters {tied[:2]}",
-                "no trainable parameter shared by two modules: tied input/output embeddings "
-                "(GPT-2's, BERT's LM heads) cannot yet be clipped per example layer by "
-                "layer. Freeze them (model.get_input_embeddings().weight.requires_grad_("
-                "False)), fine-tune with LoRA, or untie them (config.tie_word_embeddings="
-                "False)",
+                f"trainable parameters shared by modules {tied[:2]}",
+                "parameters shared only by layers with per-example rules (tied input/output "
+                "embeddings of GPT-2's and BERT's LM heads are): freeze the shared ones, "
+                "fine-tune with LoRA, or untie them",
             )
         self.per_example_loss = (
             per_example_loss

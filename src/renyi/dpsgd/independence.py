@@ -523,16 +523,21 @@ def _compare(
     worst: tuple[int, str, float, float] = (0, "", 0.0, 0.0)
     ratio, finite = 0.0, True
     covered: set[str] = set()
+    units = _units(engine)
     for j, (g, w) in enumerate(zip(got, want, strict=True)):
-        for name, lay in engine._layers.items():
-            diff_sq = 0.0
-            for full in lay.full:
+        for unit_layers in units:
+            diff_sq, bound = 0.0, 0.0
+            names: dict[str, None] = {}
+            for name in unit_layers:
+                names.update(dict.fromkeys(engine._layers[name].full))
+                sc = scales[name]
+                bound += roundoff_bound(sc.magnitude[j], sc.length, depth, unit, rhos[j])
+            for full in names:
                 covered.add(full)
                 d = g[full].detach().double().reshape(w[full].shape) - w[full].double()
                 diff_sq += float(d.pow(2).sum())
             diff = math.sqrt(diff_sq)
-            sc = scales[name]
-            bound = roundoff_bound(sc.magnitude[j], sc.length, depth, unit, rhos[j])
+            name = " + ".join(unit_layers)
             bound = max(bound, 1e-300)
             r = diff / bound if math.isfinite(diff) else math.inf
             if not math.isfinite(diff):
@@ -546,6 +551,28 @@ def _compare(
             if dist / bound > ratio:
                 ratio, worst = dist / bound, (j, full, dist, bound)
     return _Outcome(ratio, worst, finite)
+
+
+def _units(engine: ClippedGradientEngine) -> list[list[str]]:
+    """The layers compared together: one layer, or the layers sharing a parameter (tied
+    weights: their gradients of it are summed; the bound is the sum of theirs)."""
+    units: list[list[str]] = []
+    where: dict[str, int] = {}
+    for name, lay in engine._layers.items():
+        found = sorted({where[f] for f in lay.full if f in where})
+        if not found:
+            units.append([name])
+            k = len(units) - 1
+        else:
+            k = found[0]
+            for other in found[1:]:  # a layer joining two units: merged
+                units[k].extend(units[other])
+                units[other] = []
+            units[k].append(name)
+        for lname in units[k]:
+            for f in engine._layers[lname].full:
+                where[f] = k
+    return [u for u in units if u]
 
 
 def _engine_grads(
