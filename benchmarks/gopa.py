@@ -9,9 +9,11 @@ For each K in ``--parties``:
    ``renyi.federated.flower_node`` process per party, ``flwr run``): wall time from
    starting the SuperLink to the released estimate, CPU seconds of all its processes
    (``LocalDeployment.cpu_seconds``, a lower bound), bytes per party counted by the relay
-   (payloads; Flower's framing not included). The same script on an earlier main (before
-   the long-lived nodes: one ``flower-supernode`` per party, a ClientApp process per
-   message) gives the baseline;
+   (payloads; Flower's framing not included). ``--start fork exec`` compares nodes forked
+   from one launcher (the default) with nodes started each as its own program, interleaved
+   ``--deployed-repeats`` times. The same script on an earlier main (before the long-lived
+   nodes: one ``flower-supernode`` per party, a ClientApp process per message) gives the
+   older baseline;
 3. for K in ``--simulated``: one session on Flower's simulation engine (Ray, one worker),
    wall time including Ray's start;
 4. the error of the estimate: GOPA's calibrated standard deviation (ρ = 1/2, ε = 1,
@@ -115,11 +117,12 @@ def _row(res: object, values: np.ndarray, central: float) -> dict[str, object]:
     }
 
 
-def deployed(k: int, node: str) -> dict[str, object]:
+def deployed(k: int, node: str, start: str = "fork") -> dict[str, object]:
     from renyi.federated.gopa_flower import run_local_deployment
 
     sid, m, cal = _session(k)
     values = _values(k)
+    load = os.getloadavg()[0]
     res = run_local_deployment(
         values.tolist(),
         sigma_eta=cal.sigma_eta,  # type: ignore[attr-defined]
@@ -129,8 +132,12 @@ def deployed(k: int, node: str) -> dict[str, object]:
         timeout=1200,
         notify=False,
         node=node,  # type: ignore[arg-type]
+        start=start,  # type: ignore[arg-type]
     )
-    return _row(res, values, cal.central_std)  # type: ignore[attr-defined]
+    row = _row(res, values, cal.central_std)  # type: ignore[attr-defined]
+    row["start"] = start
+    row["load_before"] = load
+    return row
 
 
 def simulated(k: int) -> dict[str, object]:
@@ -148,7 +155,7 @@ def simulated(k: int) -> dict[str, object]:
     return _row(res, values, cal.central_std)  # type: ignore[attr-defined]
 
 
-def secagg(k: int) -> dict[str, object]:
+def secagg(k: int, start: str = "fork") -> dict[str, object]:
     from renyi.analysis.closed_forms import gaussian_epsilon
     from renyi.federated.secagg import PartyPolicy
     from renyi.federated.secagg_accounting import threshold_is_safe, worst_case_mu
@@ -169,10 +176,12 @@ def secagg(k: int) -> dict[str, object]:
         "min-survivors": survivors,
     }  # fmt: skip
     values = _values(k)
+    load = os.getloadavg()[0]
+    t0 = time.monotonic()
     if k <= 20:
         (res,) = run_secagg_deployment(
             values.tolist(), policy, [cfg], budget_epsilon=10 * eps, budget_delta=DELTA,
-            timeout=1200,
+            timeout=1200, start=start,
         )  # fmt: skip
     else:
         res = run_secagg_simulation(
@@ -183,8 +192,10 @@ def secagg(k: int) -> dict[str, object]:
     est = s.get("estimate")
     return {
         "status": s.get("status"),
-        "where": "deployed" if k <= 20 else "simulation engine",
-        "seconds": res.wall_seconds,
+        "where": ("deployed, nodes " + start) if k <= 20 else "simulation engine",
+        "seconds": time.monotonic() - t0,
+        "cpu_seconds": res.cpu_seconds,
+        "load_before": load,
         "bytes_per_party": res.bytes_per_party,
         "peers": peers,
         "threshold": t,
@@ -206,14 +217,21 @@ def errors(k: int, trials: int) -> dict[str, float]:
     }
 
 
-def _fmt(name: str, d: dict[str, object]) -> str:
+def _cpu(d: dict[str, object]) -> str:
     cpu = d.get("cpu_seconds") or {}
-    cpu_s = f", CPU {sum(cpu.values()):.1f} s" if isinstance(cpu, dict) and cpu else ""
+    if not isinstance(cpu, dict) or not cpu:
+        return ""
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
+    return f", CPU {sum(cpu.values()):.1f} s ({parts})"
+
+
+def _fmt(name: str, d: dict[str, object]) -> str:
     err = d.get("error_over_central_std")
     err_s = f", |error| {err:.2f} central std" if isinstance(err, float) else ""
+    load = f"{d['load_before']:.1f} -> " if "load_before" in d else ""
     return (
-        f"{name} {d['status']} {d['seconds']:.1f} s{cpu_s}, {d['bytes_per_party']:.0f} B/party"
-        f"{err_s} (load {d['load_average']:.1f})"
+        f"{name} {d['status']} {d['seconds']:.1f} s{_cpu(d)}, {d['bytes_per_party']:.0f}"
+        f" B/party{err_s} (load {load}{d['load_average']:.1f})"
     )
 
 
@@ -224,6 +242,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--simulated", type=int, nargs="*", default=[100])
     ap.add_argument("--secagg", type=int, nargs="*", default=[])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--start",
+        nargs="+",
+        choices=["fork", "exec"],
+        default=["fork"],
+        help="deployed nodes forked from one launcher and/or each its own program",
+    )
+    ap.add_argument(
+        "--deployed-repeats", type=int, default=1, help="deployments per K and start, interleaved"
+    )
     ap.add_argument("--trials", type=int, default=2000)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -234,11 +262,19 @@ def main(argv: list[str] | None = None) -> None:
         row["in_process"] = in_process(k, args.repeats)
         row["errors"] = errors(k, args.trials)
         if k in args.deployed:
-            row["deployed"] = deployed(k, "renyi")
+            row["deployed"] = [
+                deployed(k, "renyi", start)
+                for _ in range(args.deployed_repeats)
+                for start in args.start
+            ]
         if k in args.simulated:
             row["simulated"] = simulated(k)
         if k in args.secagg:
-            row["secagg"] = secagg(k)
+            row["secagg"] = [
+                secagg(k, start)
+                for _ in range(args.deployed_repeats if k <= 20 else 1)
+                for start in (args.start if k <= 20 else ["fork"])
+            ]
         rows.append(row)
         if not args.json:
             ip, er = row["in_process"], row["errors"]
@@ -250,21 +286,20 @@ def main(argv: list[str] | None = None) -> None:
                 f"{er['local_std']:.4g} (GOPA/central {er['gopa_std'] / er['central_std']:.3f},"
                 f" local/central {er['local_std'] / er['central_std']:.2f})"
             ]
-            sa = row.get("secagg")
-            if isinstance(sa, dict):
+            for sa in row.get("secagg") or []:  # type: ignore[attr-defined]
+                load = f"{sa['load_before']:.1f} -> " if "load_before" in sa else ""
                 parts.append(
                     f"double-masked ({sa['where']}, {sa['peers']} peers, t={sa['threshold']}): "
-                    f"{sa['status']} {sa['seconds']:.1f} s, {sa['bytes_per_party']:.0f} B/party,"
-                    f" worst-case eps {sa['worst_case_epsilon']:.3f}, std {sa['std']:.4g} vs"
-                    f" central {sa['central_std_same_epsilon']:.4g} at that eps (load"
-                    f" {sa['load_average']:.1f})"
+                    f"{sa['status']} {sa['seconds']:.1f} s{_cpu(sa)},"
+                    f" {sa['bytes_per_party']:.0f} B/party, worst-case eps"
+                    f" {sa['worst_case_epsilon']:.3f}, std {sa['std']:.4g} vs central"
+                    f" {sa['central_std_same_epsilon']:.4g} at that eps (load {load}"
+                    f"{sa['load_average']:.1f})"
                 )
-            for key, name in (
-                ("deployed", "deployed (renyi nodes):"),
-                ("simulated", "simulation engine:"),
-            ):
-                if isinstance(row.get(key), dict):
-                    parts.append(_fmt(name, row[key]))  # type: ignore[arg-type]
+            for d in row.get("deployed") or []:  # type: ignore[attr-defined]
+                parts.append(_fmt(f"deployed (renyi nodes, {d['start']}):", d))
+            if isinstance(row.get("simulated"), dict):
+                parts.append(_fmt("simulation engine:", row["simulated"]))  # type: ignore[arg-type]
             print("\n    ".join(parts), flush=True)
     if args.json:
         print(json.dumps(rows, indent=2))

@@ -193,6 +193,16 @@ def _wait_port(port: int, deadline: float, proc: subprocess.Popen[bytes]) -> Non
     raise DeploymentError(f"flower-superlink did not listen on 127.0.0.1:{port}")
 
 
+def _children_cpu() -> float:
+    """CPU seconds of this process's reaped children (``flwr run`` is one)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return 0.0
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return float(r.ru_utime + r.ru_stime)
+
+
 def _descendants(roots: set[int]) -> set[int]:
     """Process ids of ``roots`` and everything below them (Linux ``/proc``; else ``roots``)."""
     children: dict[int, list[int]] = {}
@@ -276,6 +286,7 @@ class LocalDeployment:
         self.nodes: list[NodeProcess] = []
         self.launcher: subprocess.Popen[bytes] | None = None
         self._runs = 0
+        self._submit_cpu = 0.0
         bindir = str(Path(_tool("flower-superlink")).parent)  # it starts flower-superexec
         self.env = {
             **os.environ,
@@ -447,6 +458,7 @@ class LocalDeployment:
         for name, text in (app_files or {}).items():
             (app / name).write_text(text)
         started = time.monotonic()
+        before = _children_cpu()
         try:
             subprocess.run(
                 [_tool("flwr"), "run", str(app), "loopback"],
@@ -459,6 +471,8 @@ class LocalDeployment:
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
             tail = (exc.stderr or b"")[-500:].decode(errors="replace") if exc.stderr else ""
             raise DeploymentError(f"'flwr run' failed ({exc}); {tail}") from None
+        finally:
+            self._submit_cpu += _children_cpu() - before
         seen, serverapp_seen, check_at = 0, False, 0.0
         while True:
             if time.monotonic() > check_at:  # a ServerApp that died without a result
@@ -514,30 +528,31 @@ class LocalDeployment:
         return False
 
     def cpu_seconds(self) -> dict[str, float]:
-        """CPU time (user + system, with reaped children) used so far by the SuperLink's
-        process group (SuperLink, its SuperExec, ServerApps) and by all nodes' groups
-        (Linux ``/proc``; ``{}`` elsewhere). Processes already gone and not reaped by a
-        live member are missed, so this is a lower bound."""
-        groups = {"superlink": {self.superlink.pid} if self.superlink else set()}
-        groups["nodes"] = {p.pid for p in self.nodes} | (
-            {self.launcher.pid} if self.launcher is not None else set()
-        )
-        tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        out = dict.fromkeys(groups, 0.0)
-        proc = Path("/proc")
-        if not proc.is_dir():
+        """CPU time (user + system) used so far, by role: ``superlink`` (the SuperLink and
+        every process below it: its SuperExec and the ServerApps, which run in sessions of
+        their own), ``nodes`` (the nodes and their launcher) and ``flwr-run`` (the ``flwr
+        run`` submissions). Linux ``/proc`` (``{}`` elsewhere): a live process counts itself
+        and the children it has reaped; a process that exited before its parent reaped it
+        counts while it is a zombie; one whose parent exited without reaping it is missed,
+        so this is a lower bound."""
+        if not Path("/proc").is_dir():
             return {}
-        for d in proc.iterdir():
-            if not d.name.isdigit():
-                continue
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            pgid = int(fields[2])
-            for role, pgids in groups.items():
-                if pgid in pgids:
-                    out[role] += sum(int(x) for x in fields[11:15]) / tick
+        tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        roots = {
+            "superlink": {self.superlink.pid} if self.superlink is not None else set(),
+            "nodes": {p.pid for p in self.nodes}
+            | ({self.launcher.pid} if self.launcher is not None else set()),
+        }
+        out = {"flwr-run": self._submit_cpu}
+        for role, pids in roots.items():
+            total = 0.0
+            for pid in _descendants(pids):
+                try:
+                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                except (OSError, IndexError):
+                    continue
+                total += sum(int(x) for x in fields[11:15]) / tick
+            out[role] = total
         return out
 
     def close(self) -> None:

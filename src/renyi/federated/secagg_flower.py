@@ -362,6 +362,9 @@ class SecAggRun:
     wall_seconds: float
     bytes_per_party: float
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    cpu_seconds: dict[str, float] = field(default_factory=dict, repr=False)
+    """CPU time of the deployment's processes since it started, by role, when this run
+    ended (:meth:`~renyi.federated.flower_deploy.LocalDeployment.cpu_seconds`)."""
 
     @property
     def released(self) -> int:
@@ -427,6 +430,7 @@ def run_secagg_deployment(
                     wall_seconds=time.monotonic() - started,
                     bytes_per_party=(sum(sent.values()) + sum(received.values())) / k,
                     raw=raw,
+                    cpu_seconds=dep.cpu_seconds(),
                 )
             )
     return out
