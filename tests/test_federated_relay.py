@@ -161,3 +161,83 @@ def test_toml_values_of_node_configs() -> None:
         toml_value(float("inf"))
     with pytest.raises(PrivacyParameterError, match="quote"):
         toml_value('it\'s "quoted"')
+
+
+# --------------------------------------------------------------------------- simulation
+
+
+def test_the_library_uses_no_deprecated_flower_simulation_api() -> None:
+    """flwr 1.42 deprecates ``flwr.simulation.run_simulation``: renyi's simulations go
+    through ``flwr run`` on a SuperLink in simulation mode (LocalDeployment(simulation=True))."""
+    import ast
+
+    def uses(path: Path) -> bool:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            if (
+                "run_simulation" in names
+                or (isinstance(node, ast.Name) and node.id == "run_simulation")
+                or (isinstance(node, ast.Attribute) and node.attr == "run_simulation")
+            ):
+                return True
+        return False
+
+    src = Path(__file__).resolve().parents[1] / "src" / "renyi"
+    assert [p.name for p in src.rglob("*.py") if uses(p)] == []
+
+
+def test_a_simulation_client_app_never_takes_its_config_from_a_real_servers_run(
+    tmp_path: Path,
+) -> None:
+    """The simulation ClientApp reads its party's config (key file, value, pins) from a
+    file the run config names: on a real node -- whose run config the server writes -- it
+    refuses; in the simulation engine it finds entry ``partition-id``."""
+    from renyi.federated.flower_deploy import SIMULATED_NODES_KEY
+    from renyi.federated.flower_relay import simulated_node_config
+
+    configs = [{"name": f"p{i}", "value": i / 10} for i in range(3)]
+    path = tmp_path / "nodes.json"
+    path.write_text(__import__("json").dumps(configs))
+    run = {SIMULATED_NODES_KEY: str(path)}
+    assert simulated_node_config({"partition-id": 2, "num-partitions": 3}, run) == configs[2]
+    for node in (
+        {"name": "party-001", "key-file": "/home/p/key"},  # a real party's own config
+        {"partition-id": 0, "num-partitions": 3, "key-file": "/x"},
+        {},
+    ):
+        with pytest.raises(PrivacyParameterError, match="simulated node"):
+            simulated_node_config(node, run)
+    with pytest.raises(PrivacyParameterError, match="partition-id"):
+        simulated_node_config({"partition-id": 3, "num-partitions": 3}, run)
+    with pytest.raises(PrivacyParameterError, match="partition-id"):
+        simulated_node_config({"partition-id": 0, "num-partitions": 4}, run)
+
+
+@pytest.mark.slow
+def test_gopa_and_secagg_on_the_simulation_engine_through_flwr_run() -> None:
+    """K = 5 on Flower's simulation engine, submitted with ``flwr run`` (no deprecated
+    API): GOPA releases the mean of the values plus the keyed noise; double-masked GOPA
+    releases with every party's verified epsilon."""
+    pytest.importorskip("ray")
+    from renyi.federated.gopa_flower import run_simulated_session
+    from renyi.federated.secagg import PartyPolicy
+    from renyi.federated.secagg_flower import run_secagg_simulation
+
+    res = run_simulated_session(
+        VALUES, sigma_eta=0.3, sigma_delta=25.0, peers=2, noise_keys=KEYS, session=SID
+    )
+    assert res.status == "released", res.reason
+    assert abs(res.estimate - _expected(list(range(K)))) <= G / 2
+    policy = PartyPolicy(
+        epsilon=2.0, delta=1e-5, min_sigma_eta=2.0, min_cohort=4, min_peers=4, max_corrupt=1
+    )
+    run = run_secagg_simulation(
+        VALUES,
+        policy,
+        {"sigma-eta": 2.0, "sigma-delta": 10.0, "peers": 4, "threshold": 3, "min-survivors": 4},
+        budget_epsilon=10.0,
+        budget_delta=1e-5,
+    )
+    (s,) = run.sessions
+    assert s["status"] == "released" and len(s["included"]) == K
+    assert max(s["party_epsilon"].values()) <= 2.0

@@ -10,6 +10,10 @@ launcher that imports the app once (``start="fork"``, default: K nodes cost one 
 not K) or each started on its own (``start="exec"``, as on separate machines), or Flower's own
 ``flower-supernode`` with ``node="flower-supernode"`` (one ClientApp process per message
 and the ClientApp named by the submitted app bundle: kept for comparison). The SuperLink's
+``simulation=True`` starts the SuperLink in Flower's simulation mode instead (no node
+processes: ``flwr run`` with ``--federation-config num-supernodes=K`` runs the ServerApp
+and K simulated nodes on Flower's Ray engine, in one backend worker; the supported
+replacement of the deprecated ``flwr.simulation.run_simulation``). The SuperLink's
 SuperExec, which starts the ServerApp process of a run, polls for work every
 ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` seconds (Flower's own setting; 1 s by default, 0.1 s
 here). Flower telemetry and Ray usage statistics are off in every process.
@@ -53,6 +57,8 @@ __all__ = [
 ]
 
 TELEMETRY_OFF = {"FLWR_TELEMETRY_ENABLED": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+SIMULATED_NODES_KEY = "renyi-simulated-nodes"
+"""Run-config key: the JSON file of the simulated nodes' configs (``simulation=True``)."""
 NodeKind = Literal["renyi", "flower-supernode"]
 NodeStart = Literal["fork", "exec"]
 
@@ -193,6 +199,12 @@ def _wait_port(port: int, deadline: float, proc: subprocess.Popen[bytes]) -> Non
     raise DeploymentError(f"flower-superlink did not listen on 127.0.0.1:{port}")
 
 
+def _json_default(v: Any) -> Any:
+    if hasattr(v, "item"):
+        return v.item()  # numpy scalars
+    raise TypeError(f"node config value {v!r} is not JSON")
+
+
 def _children_cpu() -> float:
     """CPU seconds of this process's reaped children (``flwr run`` is one)."""
     try:
@@ -254,6 +266,11 @@ class LocalDeployment:
     exit) holds the logs. ``start`` (renyi nodes): ``"fork"`` forks every node from one
     launcher process (:func:`renyi.federated.flower_node.fork_nodes`; :attr:`nodes` are
     then :class:`ForkedNode` handles), ``"exec"`` starts each node as its own program.
+    ``simulation=True``: Flower's simulation engine (module docstring) with one simulated
+    node per ``node_configs`` entry; ``client_app`` must then be a simulation ClientApp
+    (:func:`renyi.federated.flower_relay.relay_client_app` with ``simulated=True``), which
+    finds node ``i``'s config in the file the run config names under
+    :data:`SIMULATED_NODES_KEY`.
     """
 
     def __init__(
@@ -263,6 +280,7 @@ class LocalDeployment:
         *,
         node: NodeKind = "renyi",
         start: NodeStart = "fork",
+        simulation: bool = False,
         max_poll: float = 0.2,
         workdir: Path | None = None,
     ) -> None:
@@ -278,6 +296,7 @@ class LocalDeployment:
         self.client_app = client_app
         self.node_kind = node
         self.start_method: NodeStart = start
+        self.simulation = bool(simulation)
         self.max_poll = check_positive("max_poll", max_poll)
         self._own_dir = workdir is None
         self.workdir = Path(tempfile.mkdtemp(prefix="renyi-flwr-")) if workdir is None else workdir
@@ -335,10 +354,17 @@ class LocalDeployment:
                 "127.0.0.1",
                 "--port",
                 str(self.port),
+                *(["--simulation"] if self.simulation else []),
             ],
             "superlink.log",
         )
         address = f"127.0.0.1:{self.port}"
+        if self.simulation:
+            nodes = self.workdir / "simulated-nodes.json"
+            nodes.touch(mode=0o600)  # the parties' node configs (paths to their key files)
+            nodes.write_text(json.dumps(self.node_configs, default=_json_default))
+            _wait_port(self.port, time.monotonic() + 60, self.superlink)
+            return
         if self.node_kind == "renyi" and self.start_method == "fork":
             self._fork_nodes(address)  # imports while the SuperLink starts
             _wait_port(self.port, time.monotonic() + 60, self.superlink)
@@ -389,7 +415,7 @@ class LocalDeployment:
                     ],
                     "pids-file": str(self.workdir / "nodes.pids"),
                 },
-                default=lambda v: v.item() if hasattr(v, "item") else str(v),
+                default=_json_default,
             )
         )
         self.launcher = self._spawn(
@@ -446,6 +472,14 @@ class LocalDeployment:
         app.mkdir()
         result, status = app / "result.json", app / "status.txt"
         cfg = {**run_config, result_key: str(result), status_key: str(status)}
+        submit = [_tool("flwr"), "run", str(app), "loopback"]
+        if self.simulation:
+            cfg[SIMULATED_NODES_KEY] = str(self.workdir / "simulated-nodes.json")
+            submit += [
+                "--federation-config",
+                f"num-supernodes={len(self.node_configs)} client-resources-num-cpus=1"
+                " client-resources-num-gpus=0 init-args-num-cpus=1 init-args-num-gpus=0",
+            ]
         (app / "pyproject.toml").write_text(
             '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n\n'
             f'[project]\nname = "renyi-run-{self._runs}"\nversion = "1.0.0"\n'
@@ -461,7 +495,7 @@ class LocalDeployment:
         before = _children_cpu()
         try:
             subprocess.run(
-                [_tool("flwr"), "run", str(app), "loopback"],
+                submit,
                 env=self.env,
                 cwd=app,
                 check=True,
@@ -487,7 +521,7 @@ class LocalDeployment:
                             "the ServerApp exited without writing its result; SuperLink log"
                             f" tail: {self._log_tail('superlink.log')}"
                         )
-            if all(p.poll() is not None for p in self.nodes) and not result.exists():
+            if self.nodes and all(p.poll() is not None for p in self.nodes) and not result.exists():
                 raise DeploymentError(
                     f"every node exited; node-000 log tail: {self._log_tail('node-000.log')}"
                 )
@@ -511,20 +545,19 @@ class LocalDeployment:
             return ""
 
     def _serverapp_running(self) -> bool:
-        """Whether a ``flwr-serverapp`` process is alive in the SuperLink's process group."""
+        """Whether a ``flwr-serverapp`` (or, simulating, ``flwr-simulation``) process runs
+        below the SuperLink (its SuperExec starts it in a session of its own)."""
         if self.superlink is None or not Path("/proc").is_dir():
             return True  # unknown: rely on the timeout
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit():
-                continue
+        for pid in _descendants({self.superlink.pid}):
             try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[2]) != self.superlink.pid or fields[0] == "Z":
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
                     continue
-                if b"flwr-serverapp" in (d / "cmdline").read_bytes():
-                    return True
-            except (OSError, IndexError, ValueError):
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except (OSError, IndexError):
                 continue
+            if b"flwr-serverapp" in cmd or b"flwr-simulation" in cmd:
+                return True
         return False
 
     def cpu_seconds(self) -> dict[str, float]:
@@ -538,11 +571,11 @@ class LocalDeployment:
         if not Path("/proc").is_dir():
             return {}
         tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        roots = {
-            "superlink": {self.superlink.pid} if self.superlink is not None else set(),
-            "nodes": {p.pid for p in self.nodes}
-            | ({self.launcher.pid} if self.launcher is not None else set()),
-        }
+        roots = {"superlink": {self.superlink.pid} if self.superlink is not None else set()}
+        if not self.simulation:  # simulated nodes live in the SuperLink's simulation process
+            roots["nodes"] = {p.pid for p in self.nodes} | (
+                {self.launcher.pid} if self.launcher is not None else set()
+            )
         out = {"flwr-run": self._submit_cpu}
         for role, pids in roots.items():
             total = 0.0

@@ -41,7 +41,7 @@ from typing import Any
 try:
     from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
     from flwr.clientapp import ClientApp
-    from flwr.serverapp import Grid, ServerApp
+    from flwr.serverapp import Grid
 except ImportError as exc:  # pragma: no cover - exercised only without flwr
     raise ImportError(
         "renyi.federated.flower_relay needs Flower: pip install 'renyi[flower]'"
@@ -51,7 +51,13 @@ from renyi._validation import check_int, check_positive, fail
 from renyi.errors import RenyiError
 from renyi.federated.relay import Outcome, PartyEndpoint, Payload, Round, ServerDriver
 
-__all__ = ["RelayStats", "payload_size", "relay_client_app", "relay_over_grid"]
+__all__ = [
+    "RelayStats",
+    "payload_size",
+    "relay_client_app",
+    "relay_over_grid",
+    "simulated_node_config",
+]
 
 PartyFactory = Callable[[Mapping[str, Any], Payload], PartyEndpoint]
 
@@ -103,8 +109,47 @@ def unpack(content: RecordDict) -> tuple[dict[str, Any], dict[str, Any]]:
     return head, payload
 
 
+_SIMULATED_KEYS = {"partition-id", "num-partitions"}
+_SIMULATED_CONFIGS: dict[str, list[dict[str, Any]]] = {}
+
+
+def simulated_node_config(
+    node_config: Mapping[str, Any], run_config: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A simulated node's own config: entry ``partition-id`` of the JSON file that
+    :class:`~renyi.federated.flower_deploy.LocalDeployment` (``simulation=True``) wrote
+    and named in the run config. Refused unless ``node_config`` is exactly what Flower's
+    simulation engine gives a node (``partition-id``, ``num-partitions``): on a real node
+    the run config comes from the server, which must never choose a party's secrets or pins.
+    """
+    from renyi.federated.flower_deploy import SIMULATED_NODES_KEY
+
+    if set(node_config) != _SIMULATED_KEYS:
+        raise fail(
+            "node_config",
+            sorted(node_config)[:4],
+            "a simulated node's (partition-id, num-partitions): a simulation ClientApp takes"
+            " its party's config from the run config, so it never runs on a real node",
+        )
+    path = str(run_config.get(SIMULATED_NODES_KEY, ""))
+    if path not in _SIMULATED_CONFIGS:
+        import json
+
+        _SIMULATED_CONFIGS[path] = json.loads(Path(path).read_text())
+    configs = _SIMULATED_CONFIGS[path]
+    i, n = int(node_config["partition-id"]), int(node_config["num-partitions"])
+    if n != len(configs) or not 0 <= i < n:
+        raise fail("partition-id", i, f"one of the {len(configs)} simulated nodes")
+    return dict(configs[i])
+
+
 def _serve_message(
-    protocol: str, factory: PartyFactory, max_sessions: int, msg: Message, context: Context
+    protocol: str,
+    factory: PartyFactory,
+    max_sessions: int,
+    msg: Message,
+    context: Context,
+    simulated: bool = False,
 ) -> Message:
     """Answer one relayed message (module level, so that the live sessions are this
     process's, also when Flower's simulation engine ships the ClientApp by value)."""
@@ -122,7 +167,12 @@ def _serve_message(
             mine = [k for k in _LIVE if k[1] == key[1]]
             for old in mine[: max(0, len(mine) - max_sessions + 1)]:
                 del _LIVE[old]  # the oldest sessions are forgotten (they can only abort)
-            _LIVE[key] = factory(dict(context.node_config), payload)
+            node = (
+                simulated_node_config(context.node_config, context.run_config)
+                if simulated
+                else dict(context.node_config)
+            )
+            _LIVE[key] = factory(node, payload)
         elif key not in _LIVE:
             raise fail(
                 "session",
@@ -145,19 +195,22 @@ def _serve_message(
     return Message(content, reply_to=msg)
 
 
-def relay_client_app(protocol: str, factory: PartyFactory, *, max_sessions: int = 4) -> ClientApp:
+def relay_client_app(
+    protocol: str, factory: PartyFactory, *, max_sessions: int = 4, simulated: bool = False
+) -> ClientApp:
     """A ClientApp that serves ``protocol``'s parties built by ``factory`` (module docstring).
 
     ``factory(node_config, opening_payload)`` is called on a session's opening message and
     returns the party's endpoint; a node keeps at most ``max_sessions`` sessions (opening
-    another forgets the oldest, which then can only refuse).
+    another forgets the oldest, which then can only refuse). ``simulated=True``: for
+    Flower's simulation engine only, the node config is :func:`simulated_node_config`.
     """
     check_int("max_sessions", max_sessions, 1)
     app = ClientApp()
 
     @app.query()
     def _query(msg: Message, context: Context) -> Message:
-        return _serve_message(protocol, factory, max_sessions, msg, context)
+        return _serve_message(protocol, factory, max_sessions, msg, context, simulated)
 
     return app
 
@@ -350,35 +403,3 @@ def relay_over_grid(
         got = relay.exchange(step.phase, contents, False, names)
         replies = {names[n]: r for n, r in got.items()}
         relay.log(f"{step.phase} {len(replies)}")
-
-
-def simulate(
-    server_main: Callable[[Grid], dict[str, Any]], client_app: ClientApp, nodes: int
-) -> dict[str, Any]:
-    """``server_main(grid)`` as the ServerApp of Flower's simulation engine, ``nodes``
-    nodes running ``client_app``; returns what ``server_main`` returned (``{}`` if it
-    did not finish). One Ray worker (``num_cpus`` 1 of 1): a relayed party lives in its
-    worker's memory, so with several workers a party meeting a message on another worker
-    would refuse. Each node's ``node_config`` is ``{"partition-id": i, ...}``: map it to the
-    party's own config in the endpoint factory. ``run_simulation`` is deprecated in flwr 1.42.
-    """
-    from flwr.simulation import run_simulation
-
-    check_int("nodes", nodes, 1)
-    out: dict[str, Any] = {}
-    app = ServerApp()
-
-    @app.main()
-    def _main(grid: Grid, context: Context) -> None:
-        out.update(server_main(grid))
-
-    run_simulation(
-        server_app=app,
-        client_app=client_app,
-        num_supernodes=nodes,
-        backend_config={
-            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-            "init_args": {"num_cpus": 1, "num_gpus": 0, "include_dashboard": False},
-        },
-    )
-    return out

@@ -48,7 +48,6 @@ import hashlib
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -89,10 +88,13 @@ __all__ = [
     "GopaDriver",
     "GopaPartyEndpoint",
     "client_app",
+    "deployment_files",
     "run_local_deployment",
+    "run_simulated_session",
     "serve",
     "server_app",
     "session_graph",
+    "simulation_client_app",
 ]
 
 PROTOCOL = "renyi-gopa"
@@ -188,6 +190,10 @@ def _make_party(node: Mapping[str, Any], opening: Payload) -> GopaPartyEndpoint:
 
 client_app = relay_client_app(PROTOCOL, _make_party)
 """The party's ClientApp: run it on :mod:`renyi.federated.flower_node` (module docstring)."""
+
+simulation_client_app = relay_client_app(PROTOCOL, _make_party, simulated=True)
+"""The same party on Flower's simulation engine only (:func:`run_simulated_session`): it
+takes its config from the file the run config names, so it refuses to run on a real node."""
 
 
 # --------------------------------------------------------------------------- server side
@@ -488,12 +494,6 @@ def run_local_deployment(
     )
 
 
-def _party_by_partition(
-    configs: Sequence[Mapping[str, Any]], node: Mapping[str, Any], opening: Payload
-) -> GopaPartyEndpoint:
-    return GopaPartyEndpoint(configs[int(node["partition-id"])])
-
-
 def run_simulated_session(
     values: Sequence[float],
     *,
@@ -509,45 +509,48 @@ def run_simulated_session(
 ) -> DeploymentResult:
     """One GOPA session on Flower's simulation engine (Ray, one backend worker).
 
-    The same ClientApp code, relay and driver as a deployment, with the SuperLink in
-    memory and the ServerApp in a thread of this process; every party's endpoint lives in
-    the single Ray worker (a party's state is in its worker's memory, so one worker is
-    required: with several, a party meeting a message on another worker refuses and the
-    session aborts). For scale tests (K = 100 in ``benchmarks/gopa.py``): a deployment
-    starts one process per party.
+    The same ClientApp code, relay and driver as a deployment, submitted with ``flwr run``
+    to a SuperLink in simulation mode (:class:`~renyi.federated.flower_deploy.
+    LocalDeployment` with ``simulation=True``; the supported replacement of Flower's
+    deprecated ``run_simulation``): the ServerApp runs in Flower's simulation process and
+    every party's endpoint lives in its single Ray worker (a party's state is in its
+    worker's memory, so one worker is required: with several, a party meeting a message on
+    another worker refuses and the session aborts). For scale tests (K = 100 in
+    ``benchmarks/gopa.py``): a deployment starts one process per party.
     """
-    import shutil
-    import tempfile
-
-    from renyi.federated.flower_relay import simulate
-
     vals = [float(v) for v in values]
     k = check_int("values", len(vals), 2)
     if noise_keys is not None and len(noise_keys) != k:
         raise fail("noise_keys", len(noise_keys), f"one 32-byte key per party ({k})")
     sid = session if session is not None else os.urandom(16)
-    tmp = Path(tempfile.mkdtemp(prefix="renyi-gopa-sim-"))
     started = time.monotonic()
+    dep = LocalDeployment(
+        [{}] * k, "renyi.federated.gopa_flower:simulation_client_app", simulation=True
+    )
     try:
-        _, roster_file, configs = deployment_files(tmp, vals, noise_keys=noise_keys)
-        cfg = {
-            "roster-file": str(roster_file),
-            "peers": peers,
-            "sigma-eta": float(sigma_eta),
-            "sigma-delta": float(sigma_delta),
-            "reveal-budget": reveal_budget,
-            "session": sid.hex(),
-            "timeout": float(timeout),
-            "grace": float(grace),
-            "notify": notify,
-        }
-        out = simulate(
-            lambda grid: serve(grid, cfg),
-            relay_client_app(PROTOCOL, partial(_party_by_partition, configs)),
-            k,
+        _, roster_file, dep.node_configs = deployment_files(
+            dep.workdir, vals, noise_keys=noise_keys
         )
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        dep.close()
+        raise
+    cfg = {
+        "roster-file": str(roster_file),
+        "peers": peers,
+        "sigma-eta": float(sigma_eta),
+        "sigma-delta": float(sigma_delta),
+        "reveal-budget": reveal_budget,
+        "session": sid.hex(),
+        "timeout": float(timeout),
+        "grace": float(grace),
+        "notify": notify,
+    }
+    with dep:
+        try:
+            out = dep.run("renyi.federated.gopa_flower:server_app", cfg, timeout=timeout + 60)
+        except DeploymentError as exc:
+            raise ProtocolAbortedError(str(exc)) from None
+        cpu = dep.cpu_seconds()
     sent, received = out.get("bytes_sent", {}), out.get("bytes_received", {})
     return DeploymentResult(
         status=str(out.get("status", "aborted")),
@@ -560,4 +563,5 @@ def run_simulated_session(
         bytes_per_party=(sum(sent.values()) + sum(received.values())) / k,
         session=None,
         raw=out,
+        cpu_seconds=cpu,
     )

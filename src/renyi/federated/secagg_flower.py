@@ -82,6 +82,7 @@ __all__ = [
     "run_secagg_simulation",
     "serve",
     "server_app",
+    "simulation_client_app",
 ]
 
 PROTOCOL = "renyi-secagg"
@@ -226,6 +227,10 @@ def _make_party(node: Mapping[str, Any], opening: Payload) -> SecAggEndpoint:
 
 client_app = relay_client_app(PROTOCOL, _make_party)
 """The party's ClientApp: run it on :mod:`renyi.federated.flower_node` (module docstring)."""
+
+simulation_client_app = relay_client_app(PROTOCOL, _make_party, simulated=True)
+"""The same party on Flower's simulation engine only (:func:`run_secagg_simulation`): it
+takes its pins from the file the run config names, so it refuses to run on a real node."""
 
 
 class SecAggDriver(ScriptedDriver):
@@ -436,12 +441,6 @@ def run_secagg_deployment(
     return out
 
 
-def _endpoint_by_partition(
-    configs: Sequence[Mapping[str, Any]], node: Mapping[str, Any], opening: Payload
-) -> SecAggEndpoint:
-    return SecAggEndpoint(configs[int(node["partition-id"])])
-
-
 def run_secagg_simulation(
     values: Sequence[float],
     policy: PartyPolicy,
@@ -452,33 +451,33 @@ def run_secagg_simulation(
     timeout: float = 600.0,
 ) -> SecAggRun:
     """The sessions of ``run_config`` (as one entry of :func:`run_secagg_deployment`) on
-    Flower's simulation engine: the same endpoint, driver and relay, parties in one Ray
-    worker (:func:`renyi.federated.flower_relay.simulate`). For scale (K = 100)."""
-    import shutil
-    import tempfile
-    from functools import partial
-
-    from renyi.federated.flower_relay import simulate
-
+    Flower's simulation engine: the same endpoint, driver and relay, submitted with ``flwr
+    run`` to a SuperLink in simulation mode (``LocalDeployment(simulation=True)``), parties
+    in one Ray worker. For scale (K = 100)."""
     k = check_int("values", len(values), 2)
-    tmp = Path(tempfile.mkdtemp(prefix="renyi-secagg-sim-"))
     started = time.monotonic()
+    dep = LocalDeployment(
+        [{}] * k, "renyi.federated.secagg_flower:simulation_client_app", simulation=True
+    )
     try:
-        roster_file, configs = pinned_node_configs(
-            tmp, values, policy, budget_epsilon=budget_epsilon, budget_delta=budget_delta
+        roster_file, dep.node_configs = pinned_node_configs(
+            dep.workdir, values, policy, budget_epsilon=budget_epsilon, budget_delta=budget_delta
         )
-        cfg = {"roster-file": str(roster_file), "timeout": float(timeout), **run_config}
-        raw = simulate(
-            lambda grid: serve(grid, cfg),
-            relay_client_app(PROTOCOL, partial(_endpoint_by_partition, configs)),
-            k,
-        )
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        dep.close()
+        raise
+    cfg = {"roster-file": str(roster_file), "timeout": float(timeout), **run_config}
+    with dep:
+        try:
+            raw = dep.run("renyi.federated.secagg_flower:server_app", cfg, timeout=timeout + 60)
+        except DeploymentError as exc:
+            raise ProtocolAbortedError(str(exc)) from None
+        cpu = dep.cpu_seconds()
     sent, received = raw.get("bytes_sent", {}), raw.get("bytes_received", {})
     return SecAggRun(
         sessions=tuple(raw.get("sessions", [])),
         wall_seconds=time.monotonic() - started,
         bytes_per_party=(sum(sent.values()) + sum(received.values())) / k,
         raw=raw,
+        cpu_seconds=cpu,
     )
