@@ -36,9 +36,18 @@ derived from its channel's noise key; one adds it, the other subtracts it). Any 
 masked vector is uniformly distributed modulo ``2**64`` given the others' keys are unknown,
 so the server sees only the sum. A participant that drops out after sending would leave
 its masks in the sum: :meth:`DdgServer.aggregate` refuses (no dropout recovery here).
-Dropout recovery needs double masking with secret-shared self-masks, as in
-:mod:`renyi.federated.secagg`; Flower's SecAgg+ workflow cannot carry client-side noise
-under ``DpFedAvgStrategy`` (it lacks the legacy hooks SecAgg+ needs).
+
+**For DP-FedAvg under secure aggregation use** :mod:`renyi.federated.secure_fedavg`
+**instead** (rounded continuous Gaussian under the double masking of
+:mod:`renyi.federated.secagg`): dropouts are recovered without unmasking anyone, a
+malicious client's influence is bounded, and the accounting is exact (rounding after the
+continuous noise is post-processing, so the parties' μ-GDP star bound converts to (ε, δ)
+through the Gaussian's exact profile, where this module's bound is an RDP curve with τ and
+a rounding-inflated sensitivity). At the same worst-case ε against a server lying about
+dropouts (same graph, threshold and coalition), DDG needs about 8 % more noise per client
+at ε = 1, δ = 1e-5 and is otherwise no more accurate (``benchmarks/secure_noise.py``,
+docs/federated.md). Flower's SecAgg+ workflow cannot carry client-side noise under
+``DpFedAvgStrategy`` either (it lacks the legacy hooks SecAgg+ needs).
 
 Lattice (issue 22.2): the update is rounded to the integers before the integer noise and
 the masks are added, and the release is ``gamma * (integer sum) / n``: no residue of the

@@ -128,29 +128,31 @@ def calibrate_secagg(
     worst-case guarantee (:func:`worst_case_mu`, every graph, coalition of ``corrupt``
     parties and survivor list) is ``(epsilon, delta)``-DP (analytic Gaussian, Balle & Wang
     2018, Thm 8). With ``sd = f se`` the star bound is ``mu² = (1 + f²) / (se² (1 + (r + 1)
-    f²))``, ``r = threshold - corrupt``, solved for ``se`` and verified (nudged up until
-    ``mu <= target``).
+    f²))``, ``r = threshold - corrupt``, solved for ``se`` and verified as a party verifies
+    it (nudged up until the exact profile's epsilon at ``delta`` is at most ``epsilon``).
 
     >>> cal = calibrate_secagg(1.0, 1e-5, threshold=4, corrupt=1)
     >>> cal.mu <= cal.target_mu, round(cal.sigma_eta, 4)
     (True, 1.8723)
     """
-    from renyi.analysis.closed_forms import gaussian_mu
+    from renyi.analysis.closed_forms import gaussian_epsilon, gaussian_mu
 
-    check_positive("epsilon", epsilon)
+    eps = check_positive("epsilon", epsilon)
     t = check_int("threshold", threshold, 1)
     c = check_int("corrupt", corrupt, 0)
     if c >= t:
         raise fail("corrupt", c, f"fewer than the threshold t = {t}")
     f = check_positive("pairwise_factor", pairwise_factor)
-    target = float(gaussian_mu(epsilon, delta))
+    target = float(gaussian_mu(eps, delta))
     r = t - c
     se = float(math.sqrt((1.0 + f * f) / (1.0 + (r + 1) * f * f)) / target)
-    for _ in range(100):
+    step = 1e-12
+    for _ in range(100):  # verified as a party verifies it: epsilon of the exact profile
         mu = worst_case_mu(se, f * se, t, c)
-        if mu <= target:
+        if mu <= target and gaussian_epsilon(mu, delta) <= eps:
             return SecAggCalibration(se, f * se, t, c, mu, target)
-        se *= 1.0 + 1e-12
+        se *= 1.0 + step
+        step *= 2.0
     raise fail("epsilon", epsilon, "a target the calibration can verify")  # pragma: no cover
 
 
