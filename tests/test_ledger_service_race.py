@@ -125,23 +125,27 @@ def test_8_processes_x_100_remote_spends_race_near_the_limit(kind, tmp_path, req
 
 KILLED = textwrap.dedent(
     """
-    import sys
+    import os, sys
     from renyi.events import PureDpEvent
     from renyi.ledger.client import RemoteBudget
 
-    url, token, n, out = sys.argv[1:5]
+    url, token, cap, out, stop = sys.argv[1:6]
     b = RemoteBudget(url, token=token, timeout=120)
     with open(out, "w") as fh:
-        for i in range(int(n)):
+        for i in range(int(cap)):
+            if os.path.exists(stop):
+                break
             r = b.spend(PureDpEvent(1.0), idempotency_key=f"k{i}")
-            fh.write(f"{i} {r.index}\\n")  # released: after the service committed
+            # released: after the service committed; the retry count lets the harness see
+            # that a request was cut off and sent again
+            fh.write(f"{i} {r.index} {b.retries}\\n")
             fh.flush()
     print(b.retries)
     """
 )
 
 
-def _killed_mid_spend(target, tmp_path, n, kills):
+def _killed_mid_spend(target, tmp_path, cap, kills):
     Budget(epsilon=1000.0, ledger=target)
     token = create_token(open_store(target), name="job", role="spend")
     port = free_port()
@@ -163,31 +167,46 @@ def _killed_mid_spend(target, tmp_path, n, kills):
             not first.replayed and remote.spend(PureDpEvent(1.0), idempotency_key="lost").replayed
         )
 
-        # a client spending without pause while the server is SIGKILLed and restarted
+        # a client spending without pause while the server is SIGKILLed and restarted. Kills
+        # wait for the client's progress (not for wall-clock luck: on a fast machine the
+        # client once finished before the first kill); the client stops once a killed
+        # request was retried and every kill was done, or at the cap.
         out = tmp_path / "released"
+        stop = tmp_path / "stop"
         client = subprocess.Popen(
-            [sys.executable, "-c", KILLED, url, token, str(n), str(out)],
+            [sys.executable, "-c", KILLED, url, token, str(cap), str(out), str(stop)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env=_env(),
         )
+
+        def progress():
+            lines = out.read_text().splitlines() if out.exists() else []
+            return len(lines), int(lines[-1].split()[2]) if lines else 0
+
         rng = random.Random(26)
-        done_kills = 0
+        done_kills, seen = 0, 0
         deadline = time.monotonic() + 240
-        while done_kills < kills and time.monotonic() < deadline and client.poll() is None:
-            time.sleep(rng.uniform(0.3, 0.8))
-            if client.poll() is not None:
+        while time.monotonic() < deadline and client.poll() is None:
+            count, retried = progress()
+            if done_kills >= kills and retried >= 1:
                 break
-            server.kill()
-            done_kills += 1
-            server.start()
+            if count > seen:  # the client is spending: cut it off mid-request
+                time.sleep(rng.uniform(0.0, 0.05))
+                server.kill()
+                done_kills += 1
+                server.start()
+                seen = progress()[0]
+            time.sleep(0.01)
+        stop.touch()
         stdout, stderr = client.communicate(timeout=300)
     finally:
         server.stop()
     assert client.returncode == 0, stderr
     retries = int(stdout.split()[-1])
-    released = dict(tuple(map(int, line.split())) for line in out.read_text().splitlines())
+    released = dict(tuple(map(int, line.split()[:2])) for line in out.read_text().splitlines())
+    n = len(released)
     b = Budget.open(target)
     entries = b.entries()
     keys = [e.metadata["idempotency_key"] for e in entries]
@@ -202,13 +221,13 @@ def _killed_mid_spend(target, tmp_path, n, kills):
 
 
 def test_server_killed_mid_spend_sqlite(tmp_path):
-    _killed_mid_spend(str(tmp_path / "team.sqlite"), tmp_path, 40, 2)
+    _killed_mid_spend(str(tmp_path / "team.sqlite"), tmp_path, 300, 2)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 def test_server_killed_mid_spend_many_times(kind, tmp_path, request):
-    _killed_mid_spend(_store_for_service(kind, tmp_path, request), tmp_path, 200, 8)
+    _killed_mid_spend(_store_for_service(kind, tmp_path, request), tmp_path, 900, 8)
 
 
 def test_budget_exceeded_is_not_an_unreachable_service():
