@@ -1,14 +1,18 @@
-"""Is the PLD accountant's epsilon monotone in q, sigma and T? (issue 16, item 3)
+"""Is the PLD accountant's epsilon monotone in q, sigma and T? (issues 16 and 30)
 
 The true epsilon(delta) of T Poisson-subsampled Gaussian steps grows with the sampling rate q
 and the number of steps T and shrinks as the noise multiplier sigma grows. A reported upper
 bound that breaks this order misleads calibration (a bisection on sigma or T stops short of
-its target). This script draws random settings like the held-out check -- q in [1e-4, 1],
-sigma in [0.3, 5], T in [1, 1e4] (log-uniform), delta in [1e-12, 1e-3] -- and compares each
-with its neighbours q * 1.01, sigma / 1.01 and T + 1: a neighbour whose epsilon is *smaller*
-is a violation.
+its target). This script draws random settings and compares each with its neighbours
+q * 1.01, sigma / 1.01 and T + 1: a neighbour whose epsilon is *smaller* is a violation.
+
+``--regime broad`` (issue 16, the held-out check): q in [1e-4, 1], sigma in [0.3, 5],
+T in [1, 1e4] (log-uniform), delta in [1e-12, 1e-3].
+``--regime rare`` (issue 30, rare participation at tiny delta): q in [1e-6, 1e-3],
+q T in [1e-3, 2], sigma in [0.5, 1.5], delta in [1e-15, 1e-11] (log-uniform, T <= 1e6).
 
     python benchmarks/pld_monotone.py --settings 480 --seed 16
+    python benchmarks/pld_monotone.py --regime rare --settings 300 --seed 30
 
 Prints one line per violation and a summary (settings, comparisons, violations, worst
 relative drop, run time). ``--json PATH`` writes every record.
@@ -34,6 +38,19 @@ def draw(rng: np.random.Generator) -> tuple[float, float, int, float]:
     steps = round(float(10 ** rng.uniform(0, 4)))
     delta = float(10 ** rng.uniform(-12, -3))
     return q, sigma, steps, delta
+
+
+def draw_rare(rng: np.random.Generator) -> tuple[float, float, int, float]:
+    """Rare participation at tiny delta (issue 30): q T <= 2, sigma <= 1.5, delta <= 1e-11."""
+    q = float(10 ** rng.uniform(-6, -3))
+    qt = float(10 ** rng.uniform(-3, math.log10(2.0)))
+    steps = max(1, min(round(qt / q), 10**6))
+    sigma = float(10 ** rng.uniform(math.log10(0.5), math.log10(1.5)))
+    delta = float(10 ** rng.uniform(-15, -11))
+    return q, sigma, steps, delta
+
+
+DRAWS = {"broad": draw, "rare": draw_rare}
 
 
 def epsilon(q: float, sigma: float, steps: int, delta: float, h: float = 1e-4) -> float:
@@ -74,6 +91,7 @@ def check(q: float, sigma: float, steps: int, delta: float) -> list[dict[str, ob
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--regime", choices=sorted(DRAWS), default="broad")
     ap.add_argument("--settings", type=int, default=480)
     ap.add_argument("--seed", type=int, default=16)
     ap.add_argument("--json", default=None)
@@ -82,7 +100,7 @@ def main() -> None:
     ap.add_argument("--progress", action="store_true", help="print every setting")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
-    todo = [draw(rng) for _ in range(args.settings)][args.start : args.stop]
+    todo = [DRAWS[args.regime](rng) for _ in range(args.settings)][args.start : args.stop]
     t0 = time.perf_counter()
     records: list[dict[str, object]] = []
     for i, setting in enumerate(todo, start=args.start):

@@ -16,7 +16,9 @@ bound of the same composition (``details["bound"]`` says which won). So it is ne
 the RDP value and never ``inf`` where RDP is finite. A step whose privacy loss does not fit
 the requested grid is discretised on the finest power-of-two multiple of it that does; one
 that fits no grid (e.g. ``noise_multiplier = 1e-200``) is left to RDP. Queries at a delta
-within 1000x of ``tail_mass`` are answered with a proportionally smaller tail mass.
+within 1000x of ``tail_mass`` are answered with a proportionally smaller tail mass; so are
+``delta(epsilon)`` queries whose bound falls there (the tail mass is lowered to 1e-3 of the
+bracket's lower end, at most four times), so tiny deltas are not stuck on a truncation floor.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ __all__ = ["PldAccountant", "event_pld"]
 
 Pair = tuple[PrivacyLossDistribution, PrivacyLossDistribution]
 
+_MIN_TAIL = 1e-250  # smallest tail mass a tiny-delta query lowers tail_mass to
 _RESOLVE = 16.0  # grid steps per standard deviation of one run's loss (see _resolved)
 _RESOLVE_MAX_DOUBLINGS = 6  # at most 64x finer than the requested grid ...
 _RESOLVE_POINTS = 1 << 18  # ... and at most this many points for one run
@@ -207,7 +210,7 @@ class PldAccountant(Accountant):
 
     def _tail_for(self, delta: float) -> float:
         """``tail_mass`` unless ``delta`` is within 1000x of it (then ``delta / 1000``)."""
-        return self._tail if delta >= 1e3 * self._tail else max(delta * 1e-3, 1e-300)
+        return self._tail if delta >= 1e3 * self._tail else max(delta * 1e-3, _MIN_TAIL)
 
     def _plds_at(self, tail: float) -> Pair | None:
         if tail not in self._cache:
@@ -283,16 +286,43 @@ class PldAccountant(Accountant):
             details=details,
         )
 
+    def _pld_delta(self, epsilon: float, tail: float) -> tuple[PldBounds, float] | None:
+        plds = self._plds_at(tail)
+        if plds is None:
+            return None
+        worst = _max_bounds([p.delta_for_epsilon(epsilon) for p in plds])
+        return worst, max(p.value_discretization_interval for p in plds)
+
     def _delta(self, epsilon: float) -> DeltaResult:
-        plds = self._plds_at(self._tail)
         rdp = self._rdp_query("delta", epsilon)
         details: dict[str, Any] = {}
-        if plds is None:
+        tail = self._tail
+        found = self._pld_delta(epsilon, tail)
+        # A delta within 1000x of the tail mass is mostly truncated mass: answer it with a
+        # tail 1000x below the delta (its lower bound where informative), as epsilon() does.
+        for _ in range(4):
+            if found is None or not float(found[0].upper) < 1e3 * tail or tail <= _MIN_TAIL:
+                break
+            low = float(found[0].lower)
+            tail = max(1e-3 * (low if low > 0 else float(found[0].upper)), _MIN_TAIL)
+            again = self._pld_delta(epsilon, tail)
+            if again is None:
+                break
+            found = (
+                PldBounds(
+                    max(float(found[0].lower), float(again[0].lower)),
+                    again[0].estimate,
+                    min(float(found[0].upper), float(again[0].upper)),
+                ),
+                again[1],
+            )
+        if found is None:
             worst = PldBounds(0.0, rdp, 1.0)
         else:
-            bounds = [p.delta_for_epsilon(epsilon) for p in plds]
-            worst = _max_bounds(bounds)
-            details["composed_interval"] = max(p.value_discretization_interval for p in plds)
+            worst = found[0]
+            details["composed_interval"] = found[1]
+            if tail != self._tail:
+                details["tail_mass"] = tail
         upper = min(float(worst.upper), rdp)
         lower = min(float(worst.lower), upper)
         details.update(

@@ -20,6 +20,7 @@ from renyi.analysis.pld._numerics import (
     _U,
     _U_EXT,
     FloatArray,
+    Tilt,
     _lse,
 )
 
@@ -126,9 +127,12 @@ def _spectral_error(err: Any, w: Any, n_fft: int, g: float) -> float:
     return (math.sqrt(e2) + g * math.sqrt(w2)) * (1.0 + 1e-6) + 1e-250
 
 
-def _tilts(log_mgf_pos: FloatArray, count: int, tilt: float | None) -> list[float]:
+def _tilts(log_mgf_pos: FloatArray, count: int, tilt: Tilt) -> list[float]:
     """Exponential tilts used for one composition: 0 plus the Chernoff-optimal orders for a
-    spread of reference deltas (so the round-off is relative wherever delta is evaluated)."""
+    spread of reference deltas (so the round-off is relative wherever delta is evaluated);
+    0 plus the given tilt(s) if any."""
+    if isinstance(tilt, tuple):
+        return sorted({0.0, *(float(t) for t in tilt)})
     if tilt is not None:
         return sorted({0.0, float(tilt)})
     lams = {0.0}
@@ -207,8 +211,15 @@ def _stitch(
             cut = (a_j - a_of[k]) / (lam - lam_of[k])
             start = lo_i + int(np.searchsorted(ls, cut, side="right"))
             owner[start:hi_i] = j
-        else:
-            better = a_of[j] - lam * ls < a_of[cur] - lam_of[cur] * ls
+        else:  # several rivals: compare with the mass each would alias onto this segment
+            # (not onto the whole window, which can be far larger for a steep tilt); the
+            # choice only decides which run's values are kept, each piece's error is bounded
+            # below with its own aliased mass
+            a_seg = a_of.copy()
+            for i in {j, *np.unique(cur).tolist()}:
+                local = base[i] + alias(runs[i], lo_i, hi_i)
+                a_seg[i] = math.log(max(local, 1e-300)) + runs[i].log_z
+            better = a_seg[j] - lam * ls < a_seg[cur] - lam_of[cur] * ls
             owner[seg] = np.where(better, j, cur)
     probs = np.zeros(n)
     terms: list[_ErrTerm] = []

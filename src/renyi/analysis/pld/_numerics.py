@@ -11,6 +11,9 @@ from numpy.typing import NDArray
 
 Direction = Literal["remove", "add"]
 FloatArray = NDArray[np.float64]
+# the exponential tilt(s) of a composition's round-off control: None picks them (see
+# _fft._tilts); internally a tuple runs several (the split of heavy-tailed steps)
+Tilt = float | tuple[float, ...] | None
 
 _U = float(np.finfo(np.float64).eps)  # 2.2e-16, unit round-off (times 2)
 # extended precision (x87 80-bit long double on x86-64: 1.1e-19; equal to _U where long

@@ -38,6 +38,7 @@ from renyi.analysis.pld._numerics import (
     _U,
     _U_EXT,
     FloatArray,
+    Tilt,
     _ctd_upper,
     _f64,
     _lse,
@@ -401,9 +402,7 @@ class _Side:
         """``log_mgf`` at ``_S_ALL``, the orders of every Chernoff bound (computed once)."""
         return self.log_mgf(_S_ALL)
 
-    def self_compose(
-        self, plan: _Plan, tail_mass: float, tilt: float | None, ext: bool = False
-    ) -> _Side:
+    def self_compose(self, plan: _Plan, tail_mass: float, tilt: Tilt, ext: bool = False) -> _Side:
         """``self`` composed ``plan.total`` times, following ``plan`` (see :func:`_plan`).
 
         One FFT power ``self^t0`` on the grid ``h``; then every level coarsens by a power of
@@ -439,7 +438,7 @@ class _Side:
         self,
         count: int,
         tail_mass: float,
-        tilt: float | None,
+        tilt: Tilt,
         lam_max: float | None,
         extra: _Side | None = None,
         *,
@@ -460,7 +459,7 @@ class _Side:
         self,
         count: int,
         tail_mass: float,
-        tilt: float | None,
+        tilt: Tilt,
         lam_max: float | None,
         extra: _Side | None = None,
         *,
@@ -515,11 +514,19 @@ class _Side:
                 lm_lam = T * (ls - 3e-12) + ((le - 3e-12) if extra is not None else 0.0)
             else:
                 lm_lam = 0.0
-            sp = _S_ALL - lam
+            sp, lm_at = _S_ALL - lam, lm_all
+            if lam > _S_ALL[-1]:  # a tilt beyond the grid (heavy-tail split): orders above it
+                more = lam * np.array([1.1, 1.25, 1.5, 2.0, 3.0])
+                vals = []
+                for x in more.tolist():
+                    ls_x, le_x = parts(x)
+                    vals.append(T * ls_x + (le_x if extra is not None else 0.0))
+                sp = np.concatenate((sp, more - lam))
+                lm_at = np.concatenate((lm_all, vals))
             keep_up = sp > 0
             keep_dn = sp < 0
-            up_s, up_v = sp[keep_up], lm_all[keep_up] - lm_lam
-            dn_s, dn_v = -sp[keep_dn], lm_all[keep_dn] - lm_lam
+            up_s, up_v = sp[keep_up], lm_at[keep_up] - lm_lam
+            dn_s, dn_v = -sp[keep_dn], lm_at[keep_dn] - lm_lam
             with np.errstate(invalid="ignore", divide="ignore"):
                 hi_x = float(np.min((up_v - log_target) / up_s, initial=np.inf))
                 lo_x = float(np.max(-(dn_v - log_target) / dn_s, initial=-np.inf))
@@ -653,9 +660,7 @@ class _Side:
             )
         )
 
-    def compose(
-        self, other: _Side, tail_mass: float, tilt: float | None, ext: bool = False
-    ) -> _Side:
+    def compose(self, other: _Side, tail_mass: float, tilt: Tilt, ext: bool = False) -> _Side:
         a, b = _common_grid(self, other)
         lams = _tilts(a.log_mgf(_S_GRID) + b.log_mgf(_S_GRID), 1, tilt)
         lm_a = a.log_mgf(np.asarray(lams))

@@ -29,6 +29,7 @@ from renyi.analysis.pld._discretise import (
     _sub_gaussian_cdf,
 )
 from renyi.analysis.pld._errors import _grid_error, _NumericGuard
+from renyi.analysis.pld._heavy import _large_tilt, _split_index, _split_self_compose
 from renyi.analysis.pld._numerics import (
     _EXT_MAX_POINTS,
     _EXT_USEFUL,
@@ -39,6 +40,7 @@ from renyi.analysis.pld._numerics import (
     DEFAULT_MAX_BINS,
     Direction,
     FloatArray,
+    Tilt,
 )
 from renyi.analysis.pld._plan import _plan
 from renyi.analysis.pld._side import _identity_side, _Side
@@ -550,21 +552,40 @@ class PrivacyLossDistribution:
     def _self_compose(self, n: int, tl: float | None, mb: int) -> PrivacyLossDistribution:
         plan = _plan(self.upper_side, n, self.tail_mass, mb)
         tm = self.tail_mass
-
-        def refine() -> tuple[_Side, _Side]:
-            u, lo = self._precise_sides()
-            return u.self_compose(plan, tm, tl, True), lo.self_compose(plan, tm, tl, True)
-
         up = self.upper_side.self_compose(plan, tm, tl)
         lo = self.lower_side.self_compose(plan, tm, tl)
-        small = 0 < max(up.fft_len, lo.fft_len) <= _EXT_MAX_POINTS
+        small = 0 < max(up.fft_len, lo.fft_len) <= _EXT_MAX_POINTS  # affordable to redo
+        ext = _EXT_USEFUL and small
+        split = self._refine is None and any(
+            _split_index(s, n, tm) is not None for s in (self.upper_side, self.lower_side)
+        )
+
+        def redo(side: _Side) -> _Side:
+            heavy = _split_self_compose(side, n, tm, tl, ext, mb) if split else None
+            if heavy is not None:
+                return heavy
+            lam: Tilt = tl
+            if tl is None and self._refine is None:
+                lam = _large_tilt(side, n)
+            return side.self_compose(plan, tm, lam, ext)
+
+        def refine() -> tuple[_Side, _Side]:
+            """Extended-precision FFTs (where they help) and, for a heavy-tailed step, the
+            binomial split, for a step with a short support a tilt beyond the default grid
+            (:mod:`renyi.analysis.pld._heavy`)."""
+            u, low = self._precise_sides()
+            return redo(u), redo(low)
+
+        own = tl is None and self._refine is None  # a large tilt may help (checked lazily)
+        useful = small and (ext or split or (own and _large_tilt(self.upper_side, n) is not None))
         return PrivacyLossDistribution(
-            up, lo, tm, f"{n} x ({self.description})", refine if small and _EXT_USEFUL else None
+            up, lo, tm, f"{n} x ({self.description})", refine if useful else None
         )
 
     def _precise_sides(self) -> tuple[_Side, _Side]:
-        """Both sides recomputed with extended-precision FFTs (cached), or the stored ones
-        when they came from exact inputs or are too large to redo."""
+        """Both sides recomputed with extended-precision FFTs and, for self-compositions of
+        heavy-tailed or short steps, the binomial split or a larger tilt (cached); the
+        stored ones when they came from exact inputs or nothing would help."""
         if self._refine is None:
             return self.upper_side, self.lower_side
         if "ext" not in self._cache:
