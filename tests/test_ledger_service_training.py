@@ -95,3 +95,50 @@ def test_privacy_engine_stops_when_the_remote_budget_refuses(tmp_path):
         assert all(torch.equal(a, b) for a, b in zip(before, model2.parameters(), strict=True))
     finally:
         server.stop()
+
+
+def test_a_job_charged_per_epoch_ends_finished(tmp_path):
+    """Balls-in-bins charges once per epoch: the dashboard's progress counts those spends
+    against the epochs planned (it counted them against the steps, so such a job never
+    reached 100 % and stayed "running"/"stopped")."""
+    from renyi.dpsgd import PrivacyEngine
+    from renyi.ledger.service import _jobs
+
+    torch.manual_seed(0)
+    path = tmp_path / "team.sqlite"
+    Budget(epsilon=50.0, delta=1e-5, ledger=path)
+    token = create_token(open_store(str(path)), name="trainer", role="spend")
+    server = Server(path)
+    try:
+        data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+        model = torch.nn.Linear(4, 2)
+        engine = PrivacyEngine(accountant="rdp", ledger=f"{server.url}#default", ledger_token=token)
+        model, optimizer, loader = engine.make_private(
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(data, batch_size=16),
+            noise_multiplier=2.0,
+            max_grad_norm=1.0,
+            epochs=3,
+            sampling="random-allocation",
+        )
+        steps, refused = _train_until_refused(model, optimizer, loader, 3)
+    finally:
+        server.stop()
+    assert not refused and steps == 12
+    b = Budget.open(path)
+    entries = b.entries()
+    assert len(entries) == 3  # one spend per epoch
+    assert entries[-1].metadata["planned_steps"] == 12
+    assert entries[-1].metadata["planned_charges"] == 3
+    (job,) = _jobs(b, entries)
+    assert job["steps"] == 3 and job["planned"] == 3
+    assert job["progress"] == 1.0 and job["status"] == "finished"
+
+
+def test_planned_counts_are_checked():
+    from renyi.errors import PrivacyParameterError
+    from renyi.ledger.client import RemoteBudget
+
+    with pytest.raises(PrivacyParameterError, match="planned_charges"):
+        RemoteBudget("http://127.0.0.1:9#x", token="t", planned_charges=0)

@@ -603,8 +603,12 @@ class PrivacyEngine:
         if self.ledger is not None:
             from renyi.ledger.client import budget_hook
 
+            charges = getattr(sampler, "charges", None)  # per-epoch samplers charge less often
             common["budget"] = budget_hook(
-                self.ledger, token=self.ledger_token, planned_steps=steps
+                self.ledger,
+                token=self.ledger_token,
+                planned_steps=steps,
+                planned_charges=None if charges is None or steps is None else charges(steps),
             )
         dp_optimizer: DPOptimizer
         if adaptive is not None:

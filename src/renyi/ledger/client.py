@@ -57,6 +57,9 @@ class RemoteBudget:
         timeout: seconds a call may keep retrying an unreachable service before it raises.
         job, planned_steps: recorded with each spend (``metadata``) so the dashboard can
             show the job's progress.
+        planned_charges: how many spends the job will make when it is not one per step
+            (a sampler that charges once per epoch makes ``ceil(steps / steps_per_epoch)``);
+            the dashboard's progress counts spends against it.
     """
 
     def __init__(
@@ -68,6 +71,7 @@ class RemoteBudget:
         timeout: float = 30.0,
         job: str | None = None,
         planned_steps: int | None = None,
+        planned_charges: int | None = None,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -84,7 +88,12 @@ class RemoteBudget:
         self._timeout = float(timeout)
         self._local = threading.local()
         self.job = job
-        self.planned_steps = planned_steps
+        self.planned_steps = (
+            None if planned_steps is None else check_int("planned_steps", planned_steps, 1)
+        )
+        self.planned_charges = (
+            None if planned_charges is None else check_int("planned_charges", planned_charges, 1)
+        )
         self._steps = 0
         self.retries = 0  # requests sent again after a lost answer (same idempotency key)
         info = self.status()
@@ -190,6 +199,8 @@ class RemoteBudget:
             meta.setdefault("step", self._steps + 1)
             if self.planned_steps is not None:
                 meta.setdefault("planned_steps", self.planned_steps)
+            if self.planned_charges is not None:
+                meta.setdefault("planned_charges", self.planned_charges)
         body = {
             "event": event.to_dict(),
             "count": count,
@@ -272,6 +283,7 @@ def budget_hook(
     *,
     token: str | None = None,
     planned_steps: int | None = None,
+    planned_charges: int | None = None,
     job: str | None = None,
 ) -> Any:
     """What ``make_private(..., ledger=)`` / ``PrivacyEngine(ledger=)`` charge each step.
@@ -292,6 +304,7 @@ def budget_hook(
             ledger,
             token=token,
             planned_steps=planned_steps,
+            planned_charges=planned_charges,
             job=job or f"{socket.gethostname()}-{os.getpid()}",
         )
     from renyi.budget import Budget

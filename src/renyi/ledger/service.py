@@ -540,9 +540,9 @@ def _jobs(b: Budget, entries: list[LedgerEntry]) -> list[dict[str, Any]]:
         if not isinstance(job, str):
             continue
         j = jobs.setdefault(job, {"job": job, "who": e.metadata.get("who", ""), "steps": 0})
-        j["steps"] += 1  # one charge per step (per epoch for the epoch samplers)
+        j["steps"] += 1  # spends: one per step, or one per epoch for the epoch samplers
         j["last"] = e.time
-        planned = e.metadata.get("planned_steps")
+        planned = e.metadata.get("planned_charges", e.metadata.get("planned_steps"))
         if isinstance(planned, int) and planned > 0:
             j["planned"] = planned
         eps = _entry_epsilon(b, e.cost, "cost")
