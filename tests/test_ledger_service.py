@@ -302,3 +302,47 @@ def test_an_internal_error_is_a_500_without_traceback(tmp_path):
     client.cookies.set("renyi_ledger_token", token)
     page = client.get("/")
     assert page.status_code == 500 and "secret" not in page.text
+
+
+def test_a_revoked_token_is_refused_from_the_next_request(service, capsys):
+    """A leaked job token must be revocable: ``renyi ledger revoke`` deletes its record and
+    the running service answers 401 from then on (API and dashboard session alike)."""
+    from renyi.cli.main import main
+
+    server, _, path = service
+    leaked = create_token(open_store(str(path)), name="leaky-job", role="spend")
+    assert call(server, "GET", "/api/v1/ledgers/default", token=leaked)[0] == 200
+    assert main(["ledger", "tokens", str(path), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["tokens"]
+    token_id = leaked.split("_")[1]
+    assert [t["name"] for t in listed if t["id"] == token_id] == ["leaky-job"]
+    assert all(set(t) == {"id", "name", "role", "scope", "created"} for t in listed)
+
+    assert main(["ledger", "revoke", f"{path}#default", leaked, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["revoked"] == token_id
+    assert call(server, "GET", "/api/v1/ledgers/default", token=leaked)[0] == 401
+    body = {"event": STEP.to_dict(), "count": 1}
+    status, _ = call(server, "POST", "/api/v1/ledgers/default/spend", body, leaked)
+    assert status == 401
+    assert token_id not in {r.id for r in open_store(str(path)).list_tokens()}
+
+    # revoking again, or a token that never existed: our error, nothing changed
+    assert main(["ledger", "revoke", str(path), token_id]) == 2
+    assert "none has it" in capsys.readouterr().err
+    assert main(["ledger", "revoke", str(path), "not-a-token"]) == 2
+    assert "12-hex-digit id" in capsys.readouterr().err
+
+
+def test_revoke_on_postgres(postgres_url):
+    pytest.importorskip("psycopg")
+    from renyi.ledger.tokens import check_token, list_tokens, revoke_token
+
+    Budget(epsilon=1.0, ledger=postgres_url)
+    store = open_store(postgres_url)
+    token = create_token(store, name="pg-job", role="read")
+    assert check_token(store, token) is not None
+    assert token.split("_")[1] in {r.id for r in list_tokens(store)}
+    assert revoke_token(store, token).name == "pg-job"
+    assert check_token(store, token) is None
+    with pytest.raises(PrivacyParameterError, match="none has it"):
+        revoke_token(store, token)

@@ -1,4 +1,4 @@
-"""``renyi ledger init|status|show|spend|fits|serve|token``: budgets with a durable ledger.
+"""``renyi ledger init|status|show|spend|fits|serve|token|tokens|revoke``: durable budgets.
 
 ``LEDGER`` is a SQLite file path or a ``postgresql://`` URL (a team ledger; ``#name`` picks
 one of several budgets in a file or database). A keyed (HMAC) ledger reads its key from the
@@ -102,6 +102,19 @@ def register(sub: Any) -> None:
     token.add_argument("--role", required=True, choices=["read", "spend", "admin"])
     token.add_argument("--json", action="store_true", help="print one JSON object")
     token.set_defaults(func=_token)
+
+    tokens = lsub.add_parser("tokens", help="list the service's tokens (ids, holders, roles)")
+    tokens.add_argument("path", metavar="LEDGER", help="the store (any of its ledgers)")
+    tokens.add_argument("--json", action="store_true", help="print one JSON object")
+    tokens.set_defaults(func=_tokens)
+
+    revoke = lsub.add_parser(
+        "revoke", help="revoke a token: the service refuses it from its next request on"
+    )
+    revoke.add_argument("path", metavar="LEDGER", help="the store (any of its ledgers)")
+    revoke.add_argument("token", help="the token (rlt_<id>_<secret>) or its id (`tokens`)")
+    revoke.add_argument("--json", action="store_true", help="print one JSON object")
+    revoke.set_defaults(func=_revoke)
 
 
 def _event_flags(p: argparse.ArgumentParser) -> None:
@@ -332,6 +345,44 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _announce(line: str) -> None:
     print(line, flush=True)
+
+
+def _token_store(path: str) -> Any:
+    from renyi.ledger import is_postgres_url, open_store
+
+    if is_postgres_url(path):
+        return open_store(path.split("#", 1)[0])
+    if not os.path.exists(path):
+        path = path.rpartition("#")[0] or path
+    return open_store(path, create=False)
+
+
+def _tokens(args: argparse.Namespace) -> int:
+    from renyi.ledger.tokens import list_tokens
+
+    rows = [
+        {"id": r.id, "name": r.name, "role": r.role, "scope": r.scope, "created": r.created}
+        for r in list_tokens(_token_store(args.path))
+    ]
+    if args.json:
+        print_json({"tokens": rows})
+    elif not rows:
+        print("no tokens")
+    else:
+        for r in rows:
+            print(f"{r['id']}  {r['role']:<5}  {r['scope']:<20}  {r['created'][:19]}  {r['name']}")
+    return 0
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    from renyi.ledger.tokens import revoke_token
+
+    r = revoke_token(_token_store(args.path), args.token)
+    if args.json:
+        print_json({"revoked": r.id, "name": r.name, "role": r.role, "scope": r.scope})
+    else:
+        print(f"revoked token {r.id} ({r.role} for {r.name!r}); the service refuses it now")
+    return 0
 
 
 def _token(args: argparse.Namespace) -> int:

@@ -256,6 +256,8 @@ class LedgerStore(Protocol):
     def named(self, name: str) -> LedgerStore: ...
     def add_token(self, record: TokenRecord) -> None: ...
     def get_token(self, token_id: str) -> TokenRecord | None: ...
+    def list_tokens(self) -> list[TokenRecord]: ...
+    def delete_token(self, token_id: str) -> bool: ...
     def log_refusal(
         self, who: str | None, event: dict[str, Any], count: int, detail: str
     ) -> None: ...
@@ -377,6 +379,14 @@ class MemoryLedgerStore:
     def get_token(self, token_id: str) -> TokenRecord | None:
         with self._lock:
             return self._tokens.get(token_id)
+
+    def list_tokens(self) -> list[TokenRecord]:
+        with self._lock:
+            return sorted(self._tokens.values(), key=lambda r: (r.created, r.id))
+
+    def delete_token(self, token_id: str) -> bool:
+        with self._lock:
+            return self._tokens.pop(token_id, None) is not None
 
     def log_refusal(self, who: str | None, event: dict[str, Any], count: int, detail: str) -> None:
         with self._lock:

@@ -351,7 +351,7 @@ class PostgresLedgerStore:
         return self._run(fn, "record the release", write=True)
 
     # -- the ledger service's records (not part of any chain) ------------------------
-    def _service_write(self, sql: str, params: tuple[Any, ...], action: str) -> None:
+    def _service_write(self, sql: str, params: tuple[Any, ...], action: str) -> int:
         psycopg = self._psycopg
         with self._connect(action) as conn:
             try:
@@ -360,6 +360,7 @@ class PostgresLedgerStore:
                 with conn.transaction(), conn.cursor() as cur:
                     self._schema(cur)
                     cur.execute(sql, params)
+                    return int(cur.rowcount)
             except psycopg.Error as exc:
                 raise LedgerError(f"{self._where}: could not {action}: {exc}") from None
 
@@ -386,6 +387,28 @@ class PostgresLedgerStore:
             return None if row is None else TokenRecord(*(str(x) for x in row))
 
         return self._run(fn, "read the tokens", write=False)
+
+    def list_tokens(self) -> list[TokenRecord]:
+        def fn(t: Transaction) -> list[TokenRecord]:
+            cur = t._cur  # type: ignore[attr-defined]
+            cur.execute("SELECT to_regclass('renyi_ledger_tokens') IS NOT NULL")
+            if not cur.fetchone()[0]:
+                return []
+            cur.execute(
+                "SELECT id, hash, name, role, scope, created FROM renyi_ledger_tokens "
+                "ORDER BY created, id"
+            )
+            return [TokenRecord(*(str(x) for x in row)) for row in cur.fetchall()]
+
+        return self._run(fn, "read the tokens", write=False)
+
+    def delete_token(self, token_id: str) -> bool:
+        return (
+            self._service_write(
+                "DELETE FROM renyi_ledger_tokens WHERE id = %s", (token_id,), "revoke the token"
+            )
+            > 0
+        )
 
     def log_refusal(self, who: str | None, event: dict[str, Any], count: int, detail: str) -> None:
         self._service_write(

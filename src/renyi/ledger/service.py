@@ -100,22 +100,13 @@ class LedgerService:
         self.key = key
         self._ledgers: dict[str, _Ledger] = {}
         self._lock = threading.Lock()
-        self._tokens: dict[str, tuple[float, TokenRecord]] = {}
         for name in store.names():
             self._open(name)  # raises on the first ledger that fails verification
 
     def check_token(self, token: str) -> TokenRecord | None:
-        """The token's record (checked against the store at most every 30 s per token)."""
-        now = time.monotonic()
-        held = self._tokens.get(token)
-        if held is not None and now - held[0] < 30.0:
-            return held[1]
-        record = check_token(self.store, token)
-        if record is not None:
-            if len(self._tokens) > 10_000:
-                self._tokens.clear()
-            self._tokens[token] = (now, record)
-        return record
+        """The token's record, looked up in the store at every request (no cache: a revoked
+        token is refused from its next request on; a lookup costs ~10-40 µs on SQLite)."""
+        return check_token(self.store, token)
 
     # -- ledgers ------------------------------------------------------------------------
     def _open(self, name: str) -> _Ledger:

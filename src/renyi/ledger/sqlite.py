@@ -609,6 +609,22 @@ class SQLiteLedgerStore:
             ).fetchone()
         return None if row is None else TokenRecord(*(str(x) for x in row))
 
+    def list_tokens(self) -> list[TokenRecord]:
+        with (
+            self._conn(read_only=True, action="read the tokens") as conn,
+            _guard(self._where, "read the tokens"),
+        ):
+            rows = conn.execute(
+                "SELECT id, hash, name, role, scope, created FROM tokens ORDER BY created, id"
+            ).fetchall()
+        return [TokenRecord(*(str(x) for x in row)) for row in rows]
+
+    def delete_token(self, token_id: str) -> bool:
+        def delete(conn: sqlite3.Connection) -> bool:
+            return conn.execute("DELETE FROM tokens WHERE id = ?", (token_id,)).rowcount > 0
+
+        return bool(self._write(delete, "revoke the token"))
+
     def log_refusal(self, who: str | None, event: dict[str, Any], count: int, detail: str) -> None:
         def add(conn: sqlite3.Connection) -> None:
             conn.execute(

@@ -11,6 +11,11 @@ Roles, each including the ones before it:
 * ``admin``: create new ledgers. Nobody can raise a budget: a ledger's limit is part of its
   hash chain, and the service has no call that changes it.
 
+A token is revoked by deleting its record (:func:`revoke_token`, ``renyi ledger revoke``):
+the service looks every request's token up in the store, so the next request with it (or a
+dashboard session opened with it) gets 401. :func:`list_tokens` shows who holds which role;
+never a secret, which the store does not have.
+
 A token's *scope* is one ledger name (it then also covers that ledger's period buckets
 ``name@period``) or ``*`` for every ledger of the store.
 
@@ -33,10 +38,11 @@ import secrets
 from renyi._validation import fail
 from renyi.ledger._base import LedgerStore, TokenRecord, check_name, now_iso
 
-__all__ = ["ROLES", "allows", "check_token", "create_token"]
+__all__ = ["ROLES", "allows", "check_token", "create_token", "list_tokens", "revoke_token"]
 
 ROLES = ("read", "spend", "admin")
 _TOKEN = re.compile(r"rlt_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
+_TOKEN_ID = re.compile(r"[0-9a-f]{12}")
 
 
 def _hash(secret: str) -> str:
@@ -74,3 +80,26 @@ def allows(record: TokenRecord, ledger: str | None, role: str) -> bool:
     if record.scope == "*" or ledger is None:
         return True
     return ledger == record.scope or ledger.split("@", 1)[0] == record.scope
+
+
+def list_tokens(store: LedgerStore) -> list[TokenRecord]:
+    """The store's tokens, oldest first (ids, holders, roles, scopes; secrets are not kept)."""
+    return store.list_tokens()
+
+
+def revoke_token(store: LedgerStore, token: str) -> TokenRecord:
+    """Revoke a token given whole (``rlt_<id>_<secret>``) or by its 12-hex-digit id.
+
+    Returns the revoked record; raises our error naming ``token`` when there is no such token
+    (nothing is changed then). The service refuses the token from its next request on.
+    """
+    if not isinstance(token, str):
+        raise fail("token", token, "a token rlt_<id>_<secret> or its 12-hex-digit id")
+    match = _TOKEN.fullmatch(token)
+    token_id = match.group(1) if match else token
+    if not _TOKEN_ID.fullmatch(token_id):
+        raise fail("token", token, "a token rlt_<id>_<secret> or its 12-hex-digit id")
+    record = store.get_token(token_id)
+    if record is None or not store.delete_token(token_id):
+        raise fail("token", token_id, f"the id of a token of {store.describe()} (none has it)")
+    return record
