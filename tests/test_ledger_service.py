@@ -346,3 +346,15 @@ def test_revoke_on_postgres(postgres_url):
     assert check_token(store, token) is None
     with pytest.raises(PrivacyParameterError, match="none has it"):
         revoke_token(store, token)
+
+
+@pytest.mark.parametrize("count", [0, -1, 10**9 + 1, True, 1.0])
+def test_remote_count_out_of_range_is_our_error_before_any_request(service, count):
+    from renyi.ledger.client import RemoteBudget
+
+    server, tokens, _ = service
+    remote = RemoteBudget(f"{server.url}#default", token=tokens["spend_all"])
+    before = remote.status()["entries"]
+    with pytest.raises(PrivacyParameterError, match=r"count.*\[1, 1e9\]"):
+        remote.spend(STEP, count)
+    assert remote.status()["entries"] == before

@@ -192,7 +192,10 @@ class RemoteBudget:
 
         if not isinstance(event, Event):
             raise fail("event", event, "a renyi.analysis.events.Event")
-        count = check_int("count", count, 0)
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 10**9:
+            # the service's range (an empty spend records nothing): refused here, before any
+            # request, with the same words as a local mistake instead of the service's 422
+            raise fail("count", count, "an integer in [1, 1e9] (runs charged by one spend)")
         meta = _check_metadata(metadata)
         if self.job is not None:
             meta.setdefault("job", self.job)
