@@ -133,3 +133,41 @@ def test_gopa_run_default_protocol_refuses_a_zero_noise_server(capsys):
     assert s["status"] == "aborted"
     assert s["reason"].count("sigma_eta = 0.0 < its minimum") == 5
     assert d["epsilon_worst_case"] <= d["epsilon_target"] == 1.0
+
+
+def test_gopa_run_honours_its_timeout_during_setup(capsys):
+    """``--timeout`` bounds the whole command, setup included: 1000 parties' keys take
+    about 2 s to make, so a 0.5 s limit ends while they are being made, with our error
+    naming the limit and what was under way, before any process starts (before the fix
+    the limit was only passed to the ServerApp: keys, SuperLink and 1000 forked nodes
+    were all started first)."""
+    pytest.importorskip("flwr")
+    import time
+
+    import renyi.federated.flower_deploy as fd
+
+    started: list[object] = []
+    real_start = fd.LocalDeployment.start
+    fd.LocalDeployment.start = lambda self: started.append(self) or real_start(self)  # type: ignore[method-assign]
+    try:
+        t0 = time.monotonic()
+        code = main(["federated", "gopa-run", "--parties", "1000", "--timeout", "0.5", "--json"])
+        took = time.monotonic() - t0
+    finally:
+        fd.LocalDeployment.start = real_start  # type: ignore[method-assign]
+    captured = capsys.readouterr()
+    assert code == 2 and "Traceback" not in captured.err
+    assert not captured.out
+    err = json.loads(captured.err)["error"]
+    assert "timeout=0.5 s ran out while" in err and "nothing was released" in err, err
+    assert not started  # no SuperLink, no node
+    assert took < 30  # keys stop at the limit (2 ms each), not after all of them
+
+
+def test_gopa_run_refuses_more_parties_than_one_machine_runs(capsys):
+    """``--parties 100000 --timeout 1``: refused at once, naming the limit (a loopback
+    deployment is one process per party), not after minutes of key generation."""
+    pytest.importorskip("flwr")
+    assert main(["federated", "gopa-run", "--parties", "100000", "--timeout", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "parties=100000" in err and "at most 1000" in err and "Traceback" not in err

@@ -332,3 +332,19 @@ def test_k10_deployment_releases_and_reports_its_cost(start: str) -> None:
     assert res.status == "released", res.reason
     assert len(res.included) == 10
     print(f"K=10 deployment: {time.monotonic() - started:.1f} s, load {os.getloadavg()[0]:.1f}")
+
+
+def test_local_deployment_stops_at_its_deadline_before_starting_anything(tmp_path):
+    """A deadline that has passed: our timeout error, no SuperLink, no node, no launcher;
+    ``deployment_files`` stops at it too (cheap: no process is started)."""
+    from renyi.federated.flower_deploy import Deadline, DeploymentTimeoutError
+
+    past = Deadline(0.25, time.monotonic() - 1.0)
+    with pytest.raises(DeploymentTimeoutError, match=r"timeout=0.25 s ran out while making"):
+        deployment_files(tmp_path, VALUES, deadline=past)
+    dep = LocalDeployment([{}] * K, "renyi.federated.gopa_flower:client_app", deadline=past)
+    with pytest.raises(DeploymentTimeoutError, match="starting the deployment"), dep:
+        pass
+    assert dep.superlink is None and dep.launcher is None and not dep.nodes
+    with pytest.raises(Exception, match="at most 1000 nodes"):
+        LocalDeployment([{}] * 1001, "renyi.federated.gopa_flower:client_app")

@@ -130,7 +130,12 @@ def register(sub: Any) -> None:
     g.add_argument(
         "--reveal-budget", type=int, help="--trust-server: neighbours a party may reveal (0)"
     )
-    g.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
+    g.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds for the whole command (keys, start, sessions); then a clear error",
+    )
     g.add_argument("--seed", type=int, help="seed of the synthetic values (insecure)")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=_gopa_run)
@@ -426,14 +431,31 @@ def _fedavg(args: argparse.Namespace) -> int:
     return 0
 
 
+def _deadline(args: argparse.Namespace) -> Any:
+    """``--timeout`` counted from the start of the command (imports included)."""
+    from renyi.federated.flower_deploy import Deadline
+
+    return Deadline(float(args.timeout), args.began + float(args.timeout))
+
+
 def _gopa_run(args: argparse.Namespace) -> int:
     import os
+    import time
+
+    args.began = time.monotonic()
 
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    from renyi._validation import check_int, fail
+    from renyi._validation import check_int, check_positive, fail
+    from renyi.federated.flower_deploy import MAX_LOCAL_NODES
 
-    check_int("parties", args.parties, 2)
+    if check_int("parties", args.parties, 2) > MAX_LOCAL_NODES:
+        raise fail(
+            "parties",
+            args.parties,
+            f"at most {MAX_LOCAL_NODES}: each party is a node process on this machine",
+        )
+    check_positive("timeout", args.timeout)
     if args.trust_server:
         return _plain_gopa_run(args)
     for dest in ("honest", "reveal_budget"):
@@ -501,7 +523,7 @@ def _secure_gopa_run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     (run,) = run_secagg_deployment(
         values.tolist(), policy, [proposal], budget_epsilon=float(budget_eps),
-        budget_delta=delta, timeout=args.timeout,
+        budget_delta=delta, timeout=args.timeout, deadline=_deadline(args),
     )  # fmt: skip
     out_sessions = []
     for s in run.sessions:
@@ -600,6 +622,7 @@ def _plain_gopa_run(args: argparse.Namespace) -> int:
         session=sid,
         reveal_budget=reveal,
         timeout=args.timeout,
+        deadline=_deadline(args),
     )
     survivors = [int(n.split("-")[1]) for n in res.included]
     out: dict[str, Any] = {

@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -46,7 +47,9 @@ from renyi._validation import check_positive, fail
 from renyi.errors import RenyiError
 
 __all__ = [
+    "Deadline",
     "DeploymentError",
+    "DeploymentTimeoutError",
     "ForkedNode",
     "LocalDeployment",
     "NodeProcess",
@@ -59,12 +62,58 @@ __all__ = [
 TELEMETRY_OFF = {"FLWR_TELEMETRY_ENABLED": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 SIMULATED_NODES_KEY = "renyi-simulated-nodes"
 """Run-config key: the JSON file of the simulated nodes' configs (``simulation=True``)."""
+MAX_LOCAL_NODES = 1000
+"""Most real node processes a :class:`LocalDeployment` starts on one machine (each is a
+Python process of ~50 MB that polls the SuperLink; K = 10 is what the benchmarks measure)."""
 NodeKind = Literal["renyi", "flower-supernode"]
 NodeStart = Literal["fork", "exec"]
 
 
 class DeploymentError(RenyiError):
     """The local deployment could not start, run or deliver a result."""
+
+
+class DeploymentTimeoutError(DeploymentError):
+    """The caller's time limit (:class:`Deadline`) ran out: everything started is stopped
+    and nothing is released."""
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A time limit of ``seconds`` ending at ``end`` (:func:`time.monotonic`), shared by
+    every step of a deployment: writing the parties' keys, starting the SuperLink and the
+    nodes, submitting runs and waiting for their results. Make it with :meth:`after`.
+
+    >>> d = Deadline.after(60.0)
+    >>> 0 < d.left() <= 60.0
+    True
+    >>> Deadline(1.0, time.monotonic() - 1.0).check("starting")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    renyi.federated.flower_deploy.DeploymentTimeoutError: timeout=1 s ran out while starting; ...
+    """
+
+    seconds: float
+    end: float
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        """The limit ``seconds`` from now."""
+        s = check_positive("timeout", seconds)
+        return cls(s, time.monotonic() + s)
+
+    def left(self) -> float:
+        """Seconds left (negative once it has passed)."""
+        return self.end - time.monotonic()
+
+    def check(self, what: str) -> None:
+        """Raise :class:`DeploymentTimeoutError` naming ``what`` was under way if the limit
+        has passed."""
+        if self.left() <= 0.0:
+            raise DeploymentTimeoutError(
+                f"timeout={self.seconds:g} s ran out while {what}; nothing was released"
+                " (everything started is stopped)"
+            )
 
 
 def toml_value(value: Any) -> str:
@@ -143,19 +192,27 @@ def deployment_files(
     *,
     clip: bool = False,
     noise_keys: Sequence[bytes] | None = None,
+    deadline: Deadline | None = None,
 ) -> tuple[Any, Path, list[dict[str, Any]]]:
     """Fresh identity keys (``party-000``, ...), the roster file and each party's node
     config (``name``, ``key-file``, ``roster-file``, ``value``, ``clip``, optional
-    ``noise-key``) under ``workdir``; key files are created with mode 0600."""
+    ``noise-key``) under ``workdir``; key files are created with mode 0600. With a
+    ``deadline``, :class:`DeploymentTimeoutError` once it passes (about 2 ms per party)."""
     from renyi.federated.channels import IdentityKey, Roster
 
     k = len(values)
-    identities = [IdentityKey(f"party-{i:03d}") for i in range(k)]
+    identities = []
+    for i in range(k):
+        if deadline is not None:
+            deadline.check(f"making the parties' keys ({i} of {k} made)")
+        identities.append(IdentityKey(f"party-{i:03d}"))
     roster = Roster.of(identities)
     roster_file = workdir / "roster.json"
     roster_file.write_text(roster.to_json())
     configs: list[dict[str, Any]] = []
     for i, ident in enumerate(identities):
+        if deadline is not None:
+            deadline.check(f"writing the parties' key files ({i} of {k} written)")
         key_file = workdir / f"{ident.name}.key"
         key_file.touch(mode=0o600)
         key_file.write_bytes(ident.private_bytes())
@@ -188,8 +245,12 @@ def _tool(name: str) -> str:
     return found
 
 
-def _wait_port(port: int, deadline: float, proc: subprocess.Popen[bytes]) -> None:
+def _wait_port(
+    port: int, deadline: float, proc: subprocess.Popen[bytes], limit: Deadline | None
+) -> None:
     while time.monotonic() < deadline:
+        if limit is not None:
+            limit.check("starting flower-superlink")
         if proc.poll() is not None:
             raise DeploymentError(f"flower-superlink exited with code {proc.returncode}")
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -270,7 +331,10 @@ class LocalDeployment:
     node per ``node_configs`` entry; ``client_app`` must then be a simulation ClientApp
     (:func:`renyi.federated.flower_relay.relay_client_app` with ``simulated=True``), which
     finds node ``i``'s config in the file the run config names under
-    :data:`SIMULATED_NODES_KEY`.
+    :data:`SIMULATED_NODES_KEY`. ``deadline``: a time limit for everything the deployment
+    does (start, runs); once it passes, :class:`DeploymentTimeoutError` (the ``with`` block
+    then stops every process). Real nodes are processes on this machine: at most
+    :data:`MAX_LOCAL_NODES` (``simulation=True`` for more).
     """
 
     def __init__(
@@ -283,6 +347,7 @@ class LocalDeployment:
         simulation: bool = False,
         max_poll: float = 0.2,
         workdir: Path | None = None,
+        deadline: Deadline | None = None,
     ) -> None:
         if node not in ("renyi", "flower-supernode"):
             raise fail("node", node, "'renyi' or 'flower-supernode'")
@@ -292,6 +357,14 @@ class LocalDeployment:
             start = "exec"  # Flower's own nodes, or no /proc to follow forked nodes by
         if not node_configs:
             raise fail("node_configs", len(node_configs), "at least one node")
+        if not simulation and len(node_configs) > MAX_LOCAL_NODES:
+            raise fail(
+                "node_configs",
+                len(node_configs),
+                f"at most {MAX_LOCAL_NODES} nodes, one process each on this machine"
+                " (simulation=True runs more on Flower's simulation engine)",
+            )
+        self.deadline = deadline
         self.node_configs = [dict(c) for c in node_configs]
         self.client_app = client_app
         self.node_kind = node
@@ -337,8 +410,13 @@ class LocalDeployment:
     ) -> None:
         self.close()
 
+    def _check_time(self, what: str) -> None:
+        if self.deadline is not None:
+            self.deadline.check(what)
+
     def start(self) -> None:
         """Start the SuperLink and the nodes (returns once the SuperLink listens)."""
+        self._check_time("starting the deployment")
         (self.workdir / "flwr").mkdir(parents=True, exist_ok=True)
         self.port = _free_port()
         (self.workdir / "flwr" / "config.toml").write_text(
@@ -363,15 +441,16 @@ class LocalDeployment:
             nodes = self.workdir / "simulated-nodes.json"
             nodes.touch(mode=0o600)  # the parties' node configs (paths to their key files)
             nodes.write_text(json.dumps(self.node_configs, default=_json_default))
-            _wait_port(self.port, time.monotonic() + 60, self.superlink)
+            _wait_port(self.port, time.monotonic() + 60, self.superlink, self.deadline)
             return
         if self.node_kind == "renyi" and self.start_method == "fork":
             self._fork_nodes(address)  # imports while the SuperLink starts
-            _wait_port(self.port, time.monotonic() + 60, self.superlink)
+            _wait_port(self.port, time.monotonic() + 60, self.superlink, self.deadline)
             self._wait_forked(time.monotonic() + 120)
             return
-        _wait_port(self.port, time.monotonic() + 60, self.superlink)
+        _wait_port(self.port, time.monotonic() + 60, self.superlink, self.deadline)
         for i, cfg in enumerate(self.node_configs):
+            self._check_time(f"starting the nodes ({i} of {len(self.node_configs)} started)")
             conf = " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())
             if self.node_kind == "renyi":
                 cmd = [*self._node_command(address), "--max-poll", repr(self.max_poll)]
@@ -433,6 +512,7 @@ class LocalDeployment:
         pids = self.workdir / "nodes.pids"
         assert self.launcher is not None
         while not pids.exists():
+            self._check_time("forking the nodes")
             if self.launcher.poll() is not None or time.monotonic() > deadline:
                 raise DeploymentError(
                     "the node launcher did not start the nodes; its log:"
@@ -462,9 +542,13 @@ class LocalDeployment:
         (tests: a malicious ServerApp); ``client_component`` replaces the ClientApp the
         bundle names (renyi nodes ignore it: they run their own). Raises
         :class:`DeploymentError` if ``flwr run`` fails or no result arrives within
-        ``timeout`` seconds.
+        ``timeout`` seconds, :class:`DeploymentTimeoutError` if the deployment's deadline
+        passes first.
         """
         check_positive("timeout", timeout)
+        self._check_time("submitting a run")
+        if self.deadline is not None and self.deadline.left() < timeout:
+            timeout = self.deadline.left()
         if self.superlink is None:
             raise DeploymentError("the deployment is not started (use it in a with block)")
         self._runs += 1
@@ -503,6 +587,7 @@ class LocalDeployment:
                 timeout=min(timeout, 120.0),
             )
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            self._check_time("submitting a run")
             tail = (exc.stderr or b"")[-500:].decode(errors="replace") if exc.stderr else ""
             raise DeploymentError(f"'flwr run' failed ({exc}); {tail}") from None
         finally:
@@ -535,6 +620,7 @@ class LocalDeployment:
                     out: dict[str, Any] = json.loads(result.read_text())
                     return out
             if time.monotonic() > started + timeout:
+                self._check_time("waiting for the ServerApp's result")
                 raise DeploymentError(f"no result from the ServerApp within {timeout} s")
             time.sleep(0.02)
 

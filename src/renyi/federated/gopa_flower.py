@@ -66,6 +66,7 @@ from renyi._validation import check_int, check_nonnegative, check_positive, fail
 from renyi.errors import RenyiError
 from renyi.federated.channels import ChaCha20Source, IdentityKey, KeyAdvertisement, Roster
 from renyi.federated.flower_deploy import (
+    Deadline,
     DeploymentError,
     LocalDeployment,
     NodeKind,
@@ -400,6 +401,7 @@ def run_local_deployment(
     noise_keys: Sequence[bytes] | None = None,
     session: bytes | None = None,
     timeout: float = 240.0,
+    deadline: Deadline | None = None,
     grace: float = 5.0,
     clip: bool = False,
     notify: bool = True,
@@ -416,12 +418,16 @@ def run_local_deployment(
     (:mod:`renyi.federated.flower_node`, each with its own identity key file and value;
     ``node="flower-supernode"``: Flower's stock SuperNode instead, which cannot hold a
     session: see :mod:`renyi.federated.flower_relay`), runs the app with ``flwr run`` and
-    waits for the server's result (at most ``timeout`` seconds). ``on_status(line, nodes)``
-    is called for each progress line of the server (``nodes 5``, ``join 5``, ``pair 5``,
-    ``mask 4``, ...), e.g. to kill a node mid-protocol. ``notify=False`` skips the last
-    round (parties told the result). ``server_component``/``app_files`` replace the
-    ServerApp (tests: a malicious relay). ``start``: the nodes are forked from one launcher
-    (``"fork"``, default) or each started as its own program (``"exec"``; see
+    waits for the server's result; ``timeout`` bounds the whole call (keys, start, run: once
+    it passes, :class:`~renyi.federated.flower_deploy.DeploymentTimeoutError` or
+    :class:`~renyi.federated.gopa_party.ProtocolAbortedError` saying so; ``deadline``, a
+    :class:`~renyi.federated.flower_deploy.Deadline` begun earlier, replaces it).
+    ``on_status(line, nodes)`` is called for each progress line of the server (``nodes 5``,
+    ``join 5``, ``pair 5``, ``mask 4``, ...), e.g. to kill a node mid-protocol.
+    ``notify=False`` skips the last round (parties told the result).
+    ``server_component``/``app_files`` replace the ServerApp (tests: a malicious relay).
+    ``start``: the nodes are forked from one launcher (``"fork"``, default) or each started
+    as its own program (``"exec"``; see
     :class:`~renyi.federated.flower_deploy.LocalDeployment`). Every started process is
     stopped before returning.
     """
@@ -436,12 +442,17 @@ def run_local_deployment(
         raise fail("noise_keys", len(noise_keys), f"one 32-byte key per party ({k})")
     sid = session if session is not None else os.urandom(16)
     started = time.monotonic()
+    limit = Deadline.after(timeout) if deadline is None else deadline
     dep = LocalDeployment(
-        [{}] * k, "renyi.federated.gopa_flower:client_app", node=node, start=start
+        [{}] * k,
+        "renyi.federated.gopa_flower:client_app",
+        node=node,
+        start=start,
+        deadline=limit,
     )
     try:
         roster, roster_file, dep.node_configs = deployment_files(
-            dep.workdir, vals, clip=clip, noise_keys=noise_keys
+            dep.workdir, vals, clip=clip, noise_keys=noise_keys, deadline=limit
         )
     except BaseException:
         dep.close()
@@ -455,6 +466,7 @@ def run_local_deployment(
         reveal_budget=reveal_budget,
     )
     with dep:
+        left = max(limit.left(), 1e-3)  # <= 0: dep.run raises the timeout
         run_config = {
             "roster-file": str(roster_file),
             "peers": peers,
@@ -462,7 +474,7 @@ def run_local_deployment(
             "sigma-delta": float(sigma_delta),
             "reveal-budget": reveal_budget,
             "session": sid.hex(),
-            "timeout": float(timeout),
+            "timeout": left,
             "grace": float(grace),
             "notify": notify,
         }
@@ -471,7 +483,7 @@ def run_local_deployment(
                 server_component,
                 run_config,
                 app_files=app_files,
-                timeout=timeout + 30,
+                timeout=left,
                 on_status=on_status,
             )
         except DeploymentError as exc:
@@ -524,12 +536,16 @@ def run_simulated_session(
         raise fail("noise_keys", len(noise_keys), f"one 32-byte key per party ({k})")
     sid = session if session is not None else os.urandom(16)
     started = time.monotonic()
+    limit = Deadline.after(timeout)
     dep = LocalDeployment(
-        [{}] * k, "renyi.federated.gopa_flower:simulation_client_app", simulation=True
+        [{}] * k,
+        "renyi.federated.gopa_flower:simulation_client_app",
+        simulation=True,
+        deadline=limit,
     )
     try:
         _, roster_file, dep.node_configs = deployment_files(
-            dep.workdir, vals, noise_keys=noise_keys
+            dep.workdir, vals, noise_keys=noise_keys, deadline=limit
         )
     except BaseException:
         dep.close()
@@ -541,13 +557,14 @@ def run_simulated_session(
         "sigma-delta": float(sigma_delta),
         "reveal-budget": reveal_budget,
         "session": sid.hex(),
-        "timeout": float(timeout),
         "grace": float(grace),
         "notify": notify,
     }
     with dep:
         try:
-            out = dep.run("renyi.federated.gopa_flower:server_app", cfg, timeout=timeout + 60)
+            left = max(limit.left(), 1e-3)  # the whole call, Ray's start included
+            cfg["timeout"] = left
+            out = dep.run("renyi.federated.gopa_flower:server_app", cfg, timeout=left)
         except DeploymentError as exc:
             raise ProtocolAbortedError(str(exc)) from None
         cpu = dep.cpu_seconds()

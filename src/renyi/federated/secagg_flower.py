@@ -59,6 +59,7 @@ from renyi.budget import Budget
 from renyi.errors import RenyiError
 from renyi.federated.channels import ChaCha20Source, IdentityKey, Roster
 from renyi.federated.flower_deploy import (
+    Deadline,
     DeploymentError,
     LocalDeployment,
     NodeProcess,
@@ -136,9 +137,11 @@ def pinned_node_configs(
     budget_delta: float,
     ledgers: bool = False,
     noise_keys: Sequence[bytes] | None = None,
+    deadline: Deadline | None = None,
 ) -> tuple[Path, list[dict[str, Any]]]:
-    """Fresh keys and roster under ``workdir``; each party's pinned ``--node-config``."""
-    _, roster_file, base = deployment_files(workdir, values)
+    """Fresh keys and roster under ``workdir``; each party's pinned ``--node-config``
+    (``deadline``: as :func:`~renyi.federated.flower_deploy.deployment_files`)."""
+    _, roster_file, base = deployment_files(workdir, values, deadline=deadline)
     return roster_file, [
         node_config(
             c["name"],
@@ -386,6 +389,7 @@ def run_secagg_deployment(
     noise_keys: Sequence[bytes] | None = None,
     ledgers: bool = False,
     timeout: float = 240.0,
+    deadline: Deadline | None = None,
     start: NodeStart = "fork",
     on_status: Callable[[str, list[NodeProcess]], None] | None = None,
 ) -> list[SecAggRun]:
@@ -393,15 +397,24 @@ def run_secagg_deployment(
     a budget, submit one Flower run per ``runs`` entry (its run config: the server's
     proposal, ``sessions``, ``grace``, ...; a malicious server is just a server with other
     numbers) and stop every process. Nodes stay up across runs, so budgets carry over.
+    ``timeout`` bounds the whole call (keys, start, every run): once it passes,
+    :class:`~renyi.federated.flower_deploy.DeploymentTimeoutError` while starting, or
+    :class:`~renyi.federated.gopa_party.ProtocolAbortedError` saying so during a run; every
+    process is stopped and nothing released. ``deadline`` (a
+    :class:`~renyi.federated.flower_deploy.Deadline` that began earlier, e.g. with a
+    command) replaces ``timeout``.
     ``ledgers=True`` gives each party a ledger file. ``on_status(line, nodes)`` sees the
     relay's progress lines (``propose 5``, ``shares 5``, ...). ``start``: nodes forked
     from one launcher (default) or each its own program
     (:class:`~renyi.federated.flower_deploy.LocalDeployment`).
     """
     k = check_int("values", len(values), 2)
+    limit = Deadline.after(timeout) if deadline is None else deadline
     if noise_keys is not None and len(noise_keys) != k:
         raise fail("noise_keys", len(noise_keys), f"one 32-byte key per party ({k})")
-    dep = LocalDeployment([{}] * k, "renyi.federated.secagg_flower:client_app", start=start)
+    dep = LocalDeployment(
+        [{}] * k, "renyi.federated.secagg_flower:client_app", start=start, deadline=limit
+    )
     try:
         roster_file, dep.node_configs = pinned_node_configs(
             dep.workdir,
@@ -411,6 +424,7 @@ def run_secagg_deployment(
             budget_delta=budget_delta,
             ledgers=ledgers,
             noise_keys=noise_keys,
+            deadline=limit,
         )
     except BaseException:
         dep.close()
@@ -420,10 +434,11 @@ def run_secagg_deployment(
         for cfg in runs:
             started = time.monotonic()
             try:
+                left = max(limit.left(), 1e-3)  # <= 0: dep.run raises the timeout
                 raw = dep.run(
                     "renyi.federated.secagg_flower:server_app",
-                    {"roster-file": str(roster_file), "timeout": float(timeout), **cfg},
-                    timeout=timeout + 30,
+                    {"roster-file": str(roster_file), "timeout": left, **cfg},
+                    timeout=left,
                     on_status=on_status,
                 )
             except DeploymentError as exc:
@@ -456,20 +471,30 @@ def run_secagg_simulation(
     in one Ray worker. For scale (K = 100)."""
     k = check_int("values", len(values), 2)
     started = time.monotonic()
+    limit = Deadline.after(timeout)
     dep = LocalDeployment(
-        [{}] * k, "renyi.federated.secagg_flower:simulation_client_app", simulation=True
+        [{}] * k,
+        "renyi.federated.secagg_flower:simulation_client_app",
+        simulation=True,
+        deadline=limit,
     )
     try:
         roster_file, dep.node_configs = pinned_node_configs(
-            dep.workdir, values, policy, budget_epsilon=budget_epsilon, budget_delta=budget_delta
+            dep.workdir,
+            values,
+            policy,
+            budget_epsilon=budget_epsilon,
+            budget_delta=budget_delta,
+            deadline=limit,
         )
     except BaseException:
         dep.close()
         raise
-    cfg = {"roster-file": str(roster_file), "timeout": float(timeout), **run_config}
     with dep:
         try:
-            raw = dep.run("renyi.federated.secagg_flower:server_app", cfg, timeout=timeout + 60)
+            left = max(limit.left(), 1e-3)
+            cfg = {"roster-file": str(roster_file), "timeout": left, **run_config}
+            raw = dep.run("renyi.federated.secagg_flower:server_app", cfg, timeout=left)
         except DeploymentError as exc:
             raise ProtocolAbortedError(str(exc)) from None
         cpu = dep.cpu_seconds()
