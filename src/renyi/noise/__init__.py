@@ -54,6 +54,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 from typing import Any
 
 import numpy as np
@@ -108,7 +109,7 @@ _USE_FUSED = True  # the compiled pass when numba is installed (tests compare bo
 _SMALL = 1 << 12  # releases up to this size run numpy's kernels (less per-call overhead)
 _CHUNK_UNITS = 1 << 15  # units of random bits per float32 pass on the CPU (fits in L2)
 _DEVICE_CHUNK_UNITS = 1 << 22
-_FUSED_CHUNK_UNITS = 1 << 17  # the compiled pass streams: larger chunks, less overhead
+_FUSED_CHUNK_UNITS = 1 << 15  # pairs per keystream call of the compiled pass (in L2)
 _GAUSS_DOMAIN, _LAPLACE_DOMAIN = 0, 64  # nonce domains; extension level l adds l
 _UNIT_BYTES = {"gaussian": 8, "laplace": 4}
 _UNIT_VALUES = {"gaussian": 2, "laplace": 1}
@@ -213,6 +214,19 @@ def resolve_source(rng: Any = None, *, allow_predictable_noise: bool = False) ->
 
 
 # ------------------------------------------------------------------------- random bits
+_ZEROS = bytes(0)
+_SCRATCH = threading.local()  # per-thread keystream buffers of the compiled pass
+
+
+def _zeros(n: int) -> memoryview:
+    """``n`` zero bytes (the plaintext whose encryption is the keystream), shared, read-only."""
+    global _ZEROS
+    z = _ZEROS
+    if len(z) < n:
+        z = _ZEROS = bytes(max(n, 2 * len(z)))
+    return memoryview(z)[:n]
+
+
 class _CounterBits:
     """The bits of one release from the keyed ChaCha20 keystream (counter layout in
     docs/noise.md): main bits of unit ``u`` at bytes ``[B u, B (u+1))`` of domain ``d``'s
@@ -227,14 +241,14 @@ class _CounterBits:
         self.step = step
         self._enc: Any = None
         self._next = -1
-        self._zeros = b""
         self._buf = bytearray()
 
     def _nonce(self, level: int) -> bytes:
         return _chacha.make_nonce(self.domain + level, self.stream, self.step)
 
-    def main_bytes(self, first: int, count: int) -> Any:
-        """The main bytes of units ``[first, first + count)`` (CPU, OpenSSL when available)."""
+    def main_bytes(self, first: int, count: int, into: Any = None) -> Any:
+        """The main bytes of units ``[first, first + count)`` (CPU, OpenSSL when available),
+        written into ``into`` (a writable buffer of at least that many bytes) when given."""
         start = first * self.unit
         n = count * self.unit
         try:
@@ -247,11 +261,12 @@ class _CounterBits:
             self._enc = Cipher(algorithms.ChaCha20(self.key, nonce), mode=None).encryptor()
             if skip:
                 self._enc.update(bytes(skip))
-        if len(self._zeros) < n:
-            self._zeros = bytes(n)
-            self._buf = bytearray(n)
-        buf = memoryview(self._buf)[:n]
-        self._enc.update_into(memoryview(self._zeros)[:n], buf)
+        if into is None:
+            if len(self._buf) < n:
+                self._buf = bytearray(n)
+            into = self._buf
+        buf = memoryview(into)[:n]
+        self._enc.update_into(_zeros(n), buf)
         self._next = start + n
         return buf  # valid until the next call: the caller copies it
 
@@ -324,14 +339,15 @@ class _SourceBits:
 
 # ------------------------------------------------------------------------- the release
 def _fusable(x: Any, cd: Any, out_dtype: Any, ops: _kernel.Ops, on_device: bool) -> bool:
-    """Whether the compiled float32 pass (numba) runs this CPU release: float32 in and out
-    with float32 arithmetic, or float64 in and out."""
+    """Whether the compiled pass (numba) runs this CPU release: float32 or bfloat16 in and
+    out with float32 arithmetic, or float64 in and out."""
     if on_device or not _USE_FUSED or not _fused.available():
         return False
     if ops.torch:
         t = ops.xp
         return (x.dtype, cd, out_dtype) in (
             (t.float32, t.float32, t.float32),
+            (t.bfloat16, t.float32, t.bfloat16),
             (t.float64, t.float64, t.float64),
         )
     return (x.dtype, cd, np.dtype(out_dtype)) in (
@@ -340,7 +356,7 @@ def _fusable(x: Any, cd: Any, out_dtype: Any, ops: _kernel.Ops, on_device: bool)
     )
 
 
-def _threads(ops: _kernel.Ops) -> int:
+def _threads() -> int:
     """Worker threads for a large CPU release: torch's intra-op thread count (which
     ``torch.set_num_threads`` and ``OMP_NUM_THREADS`` set), 1 without torch."""
     torch = sys.modules.get("torch")
@@ -443,52 +459,12 @@ def _release_flat_checked(
     inv_g = 1.0 / g
     wide_g = g < 1.0  # x / g can overflow only then (a public condition)
 
-    fused = _fusable(x, cd, out_dtype, ops, on_device)
-    if fused:
-        chunk = _FUSED_CHUNK_UNITS
-    x_np: Any = (x.numpy() if ops.torch else x) if fused else None
-    out_np: Any = (out.numpy() if ops.torch else out) if fused else None
-
-    def one_fused(u0: int, own_stream: bool) -> None:
-        k = min(chunk, last_unit - u0)
-        raw = bits.main_bytes_at(u0, k) if own_stream else bits.main_bytes(u0, k)
-        w = np.frombuffer(raw, dtype="<i8" if kind == "gaussian" else "<i4")
-        v0 = max(u0 * uv, offset)
-        v1 = min((u0 + k) * uv, offset + n)
-        lead = v0 - u0 * uv
-        xs = x_np[v0 - offset : v1 - offset]
-        full = not lead and v1 == (u0 + k) * uv
-        if not full:  # a pair cut by the range: pad it (edges only)
-            pad = np.zeros(k * uv, dtype=xs.dtype)
-            pad[lead : lead + (v1 - v0)] = xs
-            xs = pad
-        res = out_np[v0 - offset : v1 - offset] if full else np.empty(k * uv, out_np.dtype)
-        flag = np.empty(k * uv, dtype=np.int64)
-        run = _fused.gaussian_chunk if kind == "gaussian" else _fused.laplace_chunk
-        count = run(w, xs, g, s, float(thr), big, res, flag)
-        if not full:
-            out_np[v0 - offset : v1 - offset] = res[lead : lead + (v1 - v0)]
-        idx = flag[:count] - lead
-        idx = idx[(idx >= 0) & (idx < v1 - v0)]
-        if len(idx):
-            units = (idx + lead) // uv
-            ww = w[units].astype(np.int64)
-            parts: tuple[Any, ...] = (
-                idx + (v0 - offset),
-                ww,
-                ww >> 32 if kind == "gaussian" else None,
-                (idx + v0) % uv,
-            )
-            if ops.torch:
-                parts = tuple(
-                    None if a is None else ops.xp.from_numpy(np.ascontiguousarray(a)) for a in parts
-                )
-            flagged.append(parts)
+    if _fusable(x, cd, out_dtype, ops, on_device):  # e.g. the float32 pass of a float16 tensor
+        xs = x.contiguous().numpy() if ops.torch else np.ascontiguousarray(x)
+        _release_fused(kind, xs, out.numpy() if ops.torch else out, g, s, bits, offset, _threads())
+        return out
 
     def one(u0: int, own_stream: bool) -> None:
-        if fused:
-            one_fused(u0, own_stream)
-            return
         k = min(chunk, last_unit - u0)
         if own_stream:  # a worker thread: its own cipher context, no shared state
             raw = bits.main_bytes_at(u0, k)
@@ -533,7 +509,7 @@ def _release_flat_checked(
             )
 
     starts = range(first_unit, last_unit, chunk)
-    workers = _threads(ops) if not on_device and isinstance(bits, _CounterBits) else 1
+    workers = _threads() if not on_device and isinstance(bits, _CounterBits) else 1
     if workers > 1 and len(starts) >= 2 * workers:
         from concurrent.futures import ThreadPoolExecutor
 
@@ -546,6 +522,143 @@ def _release_flat_checked(
     if flagged:
         _settle_flagged(kind, x, flagged, s, g, out, out_dtype, big, bits, offset, ops)
     return out
+
+
+def _release_compiled(
+    kind: str, value: Any, where: str, arr: Any, scale: float, bits: Any, offset: int
+) -> Any:
+    """The release by the compiled pass (numba) when it applies — a CPU float32/bfloat16
+    tensor or float32 array with float32 arithmetic, float64 or integers — else ``None``.
+    Checks finiteness itself (keyed bits: in the same pass; nothing is released)."""
+    if not _USE_FUSED or not _fused.available():
+        return None
+    g = lattice_step(scale)
+    s = scale / g  # exact: g is a power of two
+    narrow = 2.0**-100 <= g <= 2.0**100  # float32 arithmetic is exact for the narrow dtypes
+    if where == "torch":
+        torch = sys.modules["torch"]
+        if arr.device.type != "cpu":
+            return None
+        dt = arr.dtype
+        flat = arr.detach().reshape(-1)
+        if not flat.is_floating_point():
+            flat, dt = flat.to(torch.float64), torch.float64
+        if not (dt == torch.float64 or (narrow and dt in (torch.float32, torch.bfloat16))):
+            return None
+        flat = flat.contiguous()
+        out = torch.empty(flat.shape, dtype=dt)
+        if dt == torch.bfloat16:
+            xs = flat.view(torch.int16).numpy().view(np.uint16)
+            res = out.view(torch.int16).numpy().view(np.uint16)
+        else:
+            xs, res = flat.numpy(), out.numpy()
+        _release_fused(kind, xs, res, g, s, bits, offset, _threads())
+        return out.reshape(arr.shape)
+    xs = np.ascontiguousarray(arr.reshape(-1))
+    if xs.dtype.kind in "iu":
+        xs = xs.astype(np.float64)
+    if not (xs.dtype == np.float64 or (narrow and xs.dtype == np.float32)):
+        return None
+    res = np.empty(xs.shape, dtype=xs.dtype)
+    _release_fused(kind, xs, res, g, s, bits, offset, _threads())
+    res = res.reshape(arr.shape)
+    if arr.ndim == 0 and not isinstance(value, np.ndarray):
+        return float(res)
+    return res
+
+
+def _release_fused(
+    kind: str, xs: Any, res: Any, g: float, s: float, bits: Any, offset: int, threads: int = 1
+) -> None:
+    """The release of the flat numpy array ``xs`` (float32, float64, or bfloat16 bits as
+    uint16) into ``res`` by the compiled pass (:mod:`renyi.noise._fused`: tiers 1 and 2 in one
+    loop), then tier 3 for the rare values that need more random bits, in the order of the
+    values (a word source is read in order). Non-finite values are refused: before any word is
+    read from a word source, after the pass (nothing is released) for keyed bits."""
+    keyed = isinstance(bits, _CounterBits)
+    if not keyed and xs.dtype != np.uint16:
+        _check_finite("numpy", xs)
+    elif not keyed:
+        _check_finite("numpy", (xs.astype(np.uint32) << 16).view(np.float32))
+    if xs.dtype == np.uint16:
+        big = float(np.finfo(np.float32).max)  # the float32 release saturates, then rounds
+    else:
+        big = float(np.finfo(xs.dtype).max)
+    n = xs.shape[0]
+    uv = _UNIT_VALUES[kind]
+    gauss = kind == "gaussian"
+    margin = _kernel.GAUSS_MARGIN if gauss else _kernel.LAPLACE_MARGIN
+    thr = 0.5 - margin
+    first_unit = offset // uv
+    last_unit = (offset + n + uv - 1) // uv
+    run = _fused.gaussian_release if gauss else _fused.laplace_release
+    word_dtype = "<i8" if gauss else "<i4"
+    stats = np.zeros(2, dtype=np.int64)  # [flagged by tier 1, non-finite inputs]
+    pending: list[tuple[Any, Any]] = []
+    chunk = _FUSED_CHUNK_UNITS
+
+    def one(u0: int, own_stream: bool) -> None:
+        k = min(chunk, last_unit - u0)
+        if own_stream:  # a worker thread: its own cipher context
+            raw = bits.main_bytes_at(u0, k)
+        elif keyed:
+            buf = getattr(_SCRATCH, "buf", None)
+            if buf is None or len(buf) < k * bits.unit:
+                buf = _SCRATCH.buf = bytearray(chunk * bits.unit)
+            raw = bits.main_bytes(u0, k, into=buf)
+        else:
+            raw = bits.main_bytes(u0, k)
+        w = np.frombuffer(raw, dtype=word_dtype)
+        v0 = max(u0 * uv, offset)  # the chunk's values (global positions) [v0, v1)
+        v1 = min((u0 + k) * uv, offset + n)
+        flag = np.empty(v1 - v0, dtype=np.int64)
+        lo, hi = v0 - offset, v1 - offset
+        lead = v0 - u0 * uv
+        count = run(w, xs[lo:hi], lead, g, s, thr, big, res[lo:hi], flag, stats)
+        if count:  # values whose index needs more random bits: their words, for tier 3
+            idx = flag[:count]
+            pending.append((idx + lo, w[(idx + lead) // uv].astype(np.int64)))
+
+    starts = range(first_unit, last_unit, chunk)
+    workers = threads if keyed else 1
+    if workers > 1 and len(starts) >= 2 * workers:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda u: one(u, True), starts))
+        pending.sort(key=lambda p: int(p[0][0]))  # the order of the values (deterministic)
+    else:
+        for u0 in starts:
+            one(u0, False)
+    if stats[1]:
+        raise fail(*_NON_FINITE)
+    _FLAG_COUNTS[0] += int(stats[0])
+    if not pending:
+        return
+    idx = np.concatenate([p[0] for p in pending])
+    words = np.concatenate([p[1] for p in pending])
+    _FLAG_COUNTS[1] += len(idx)
+    xf = xs[idx]
+    if xs.dtype == np.uint16:  # bfloat16 bits: the float32 with the same top half
+        xf = (xf.astype(np.uint32) << 16).view(np.float32)
+    f = _exact_f(xf, g)
+    js = np.empty(len(idx), dtype=np.float64)
+    for i in range(len(idx)):
+        unit = (int(idx[i]) + offset) // uv
+
+        def ext(level: int, unit: int = unit) -> tuple[int, int]:
+            e1, e2 = bits.ext(level, np.array([unit]))
+            return int(e1[0]), int(e2[0])
+
+        word = int(words[i]) & 0xFFFFFFFFFFFFFFFF
+        main = (word & 0xFFFFFFFF, word >> 32) if gauss else (word & 0xFFFFFFFF, 0)
+        which = (int(idx[i]) + offset) % uv
+        js[i] = _exact.decide_exact(kind, float(f[i]), s, main, ext, which)
+    _fused.write_exact(xs, idx, js, g, big, res)
+
+
+#: Values flagged by the compiled pass (tier 1) and sent to tier 3, since import (for tests).
+_FLAG_COUNTS = [0, 0]
 
 
 def _np(a: Any) -> np.ndarray:
@@ -669,28 +782,56 @@ def _release_given(
     return _kernel.finish(xc, f, j, g, out_dtype, big, ops)
 
 
-def _check_value(value: Any) -> tuple[str, Any]:
-    """``(kind, array)``: the value as a torch tensor or numpy array, refused if not finite."""
+_NON_FINITE = ("value", "a non-finite entry", "finite values (NaN/inf are refused)")
+_INT_RULE = (
+    "a finite real number, array or tensor; a Python int must lie in [-2**63, 2**64) (the "
+    "int64/uint64 range; integers are released as their float64 value): pass a larger one as "
+    "a float"
+)
+
+
+def _check_value(value: Any, finite: bool = True) -> tuple[str, Any]:
+    """``(kind, array)``: the value as a torch tensor or numpy array; refused if not real, and
+    (``finite=True``) if an entry is not finite."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
         if value.is_complex() or value.dtype == torch.bool:
             raise fail("value", value.dtype, "a real-valued tensor")
-        if value.numel():
-            lo, hi = torch.aminmax(value.detach().reshape(-1))  # NaN propagates; 10x isfinite
-            if not (math.isfinite(float(lo)) and math.isfinite(float(hi))):
-                raise fail("value", "a non-finite entry", "finite values (NaN/inf are refused)")
+        if finite:
+            _check_finite("torch", value)
         return "torch", value
     if isinstance(value, bool | np.bool_ | str | bytes):
         raise fail("value", value, "a finite real number, array or tensor")
     try:
         arr = np.asarray(value)
-    except (TypeError, ValueError):
-        raise fail("value", value, "a finite real number, array or tensor") from None
+    except (TypeError, ValueError, OverflowError):
+        arr = np.asarray(None)
     if arr.dtype.kind not in "iuf":
+        if _has_big_int(value):  # numpy holds Python ints beyond 64 bits as objects
+            raise fail("value", "a Python int outside [-2**63, 2**64)", _INT_RULE)
         raise fail("value", value, "a finite real number, array or tensor")
-    if arr.size and not np.isfinite(arr).all():
-        raise fail("value", "a non-finite entry", "finite values (NaN/inf are refused)")
+    if finite:
+        _check_finite("numpy", arr)
     return "numpy", arr
+
+
+def _has_big_int(value: Any) -> bool:
+    """Whether ``value`` is (or nests, in lists/tuples) a Python int beyond int64/uint64."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return not -(2**63) <= value < 2**64
+    if isinstance(value, list | tuple):
+        return any(_has_big_int(v) for v in value)
+    return False
+
+
+def _check_finite(where: str, arr: Any) -> None:
+    if where == "torch":
+        if arr.numel():
+            lo, hi = sys.modules["torch"].aminmax(arr.detach().reshape(-1))  # NaN propagates
+            if not (math.isfinite(float(lo)) and math.isfinite(float(hi))):
+                raise fail(*_NON_FINITE)
+    elif arr.size and arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        raise fail(*_NON_FINITE)
 
 
 def _check_scale(name: str, scale: Any) -> float:
@@ -705,7 +846,7 @@ def _release(
 ) -> Any:
     """Checks, then the release of ``value`` (any kind) with bits from ``make_bits()``."""
     s = _check_scale("sigma" if kind == "gaussian" else "scale", scale)
-    where, arr = _check_value(value)
+    where, arr = _check_value(value, finite=False)
     if given is not None:
         noise_in = given.noise if isinstance(given, _Combination) else given
         name = "noise" if isinstance(given, _Combination) else "standard_noise"
@@ -717,6 +858,11 @@ def _release(
         if gz.dtype.kind not in "iuf" or (gz.size and not np.isfinite(gz).all()):
             raise fail(name, "a non-finite or non-real entry", "finite real noise")
     bits = make_bits() if given is None else None
+    if given is None and s > 0.0:
+        fast = _release_compiled(kind, value, where, arr, s, bits, offset)
+        if fast is not None:
+            return fast
+    _check_finite(where, arr)
     if where == "torch":
         torch = sys.modules["torch"]
         out_dtype = arr.dtype if arr.is_floating_point() else torch.float64
@@ -740,8 +886,12 @@ def _release(
             )
             return torch.from_numpy(got).reshape(arr.shape)
         ops = _kernel.Ops(torch)
-        half = (torch.float16, torch.bfloat16)
-        if flat.device.type == "cpu" and out_dtype in half and given is None and _USE_FUSED:
+        if (
+            flat.device.type == "cpu"
+            and out_dtype == torch.float16
+            and given is None
+            and _USE_FUSED
+        ):
             # the float32 pass on the exact float32 values, then fl(g K) in the half dtype
             # (no double rounding: see docs/noise.md), saturated, never -0
             wide = _release_flat(kind, flat.float(), s, bits, offset, ops, torch.float32)
@@ -904,7 +1054,7 @@ def snap(value: Any, standard_noise: Any, sigma: float) -> Any:
     1.25
     """
     s = _check_scale("sigma", sigma)
-    _check_value(value)
+    _check_value(value, finite=False)
     return _release("gaussian", value, s, None, given=standard_noise)
 
 
@@ -1007,7 +1157,7 @@ class CounterNoise:
     def gaussian(self, value: Any, sigma: float, *, stream: int, step: int, offset: int = 0) -> Any:
         """:func:`gaussian` with the noise of ``(stream, step)`` at ``offset, offset + 1, ...``."""
         s = _check_scale("sigma", sigma)
-        _check_value(value)
+        _check_value(value, finite=False)
         st, sp, off = self._counters(stream, step, offset, self._numel(value))
         key = self._key
         return _release("gaussian", value, s, lambda: _CounterBits(key, "gaussian", st, sp), off)
@@ -1015,7 +1165,7 @@ class CounterNoise:
     def laplace(self, value: Any, scale: float, *, stream: int, step: int, offset: int = 0) -> Any:
         """:func:`laplace` with the noise of ``(stream, step)`` at ``offset, offset + 1, ...``."""
         s = _check_scale("scale", scale)
-        _check_value(value)
+        _check_value(value, finite=False)
         st, sp, off = self._counters(stream, step, offset, self._numel(value))
         key = self._key
         return _release("laplace", value, s, lambda: _CounterBits(key, "laplace", st, sp), off)
@@ -1092,7 +1242,7 @@ class CounterNoise:
         True
         """
         s = _check_scale("sigma", sigma)
-        _check_value(value)
+        _check_value(value, finite=False)
         sc = check_nonnegative("scale", scale)
         if not math.isfinite(sc) or sc == 0.0:
             raise fail("scale", scale, "a finite number > 0")
