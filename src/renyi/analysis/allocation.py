@@ -20,11 +20,15 @@ This module gives, per epoch:
 * the **add** direction RDP ``D_α(Q‖P) = log E_Q[Y^(1-α)] / (α - 1)``: a proven upper bound
   on the negative moment, from its Laplace-integral representation with an upper bound of
   the log-normal's Laplace transform and an upper Riemann sum;
-* ``k > 1``: ``k``-out-of-``t`` allocation is bounded by the composition of ``k`` runs of
-  1-out-of-``⌊t/k⌋`` allocation (Feldman & Shenfeld 2025, as in their code);
-* a Monte Carlo estimate of ``δ(ε)`` with a confidence interval
-  (:func:`allocation_delta_monte_carlo`), the numerical reference Chua et al. (2024) use,
-  to show where the bounds sit.
+* ``k > 1``: ``k``-out-of-``t`` allocation is bounded by the composition of 1-out-of-``m``
+  allocations over the blocks of :func:`allocation_blocks` (``k - r`` of ``⌊t/k⌋`` steps and
+  ``r = t mod k`` of ``⌈t/k⌉``: one step in each block, randomly relabelled, is a uniform
+  ``k``-subset; Feldman & Shenfeld 2025 use ``k`` blocks of ``⌊t/k⌋``);
+* Monte Carlo estimates of ``δ(ε)`` (``k = 1``, :func:`allocation_delta_monte_carlo`) and of
+  ``ε(δ)`` (any ``k``, :func:`allocation_epsilon_monte_carlo`, the likelihood ratio
+  ``e_k(X)/C(t,k)`` evaluated exactly) with confidence intervals, the numerical reference
+  Chua et al. (2024) use, to show where the bounds sit (the certified lower bound is in
+  :mod:`renyi.analysis.allocation_lower`).
 
 Every curve is also capped by the no-amplification value ``k α / (2σ²)`` (quasi-convexity).
 Orders are rounded up to integers (RDP is non-decreasing in α) and orders above
@@ -42,6 +46,7 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.special import gammaln, log_ndtr, logsumexp
 
 from renyi._validation import (
+    check_delta,
     check_int,
     check_nonnegative,
     check_orders,
@@ -52,8 +57,11 @@ from renyi._validation import (
 
 __all__ = [
     "MAX_EXACT_ORDER",
+    "allocation_blocks",
     "allocation_delta_monte_carlo",
+    "allocation_epsilon_monte_carlo",
     "allocation_gaussian_rdp",
+    "allocation_privacy_losses",
     "allocation_rdp_add",
     "allocation_rdp_remove",
     "one_of_t_epsilon_lower_bound",
@@ -127,13 +135,28 @@ def check_steps_selected(num_steps: Any, num_selected: Any) -> tuple[int, int]:
     return t, k
 
 
+def allocation_blocks(num_steps: int, num_selected: int) -> tuple[tuple[int, int], ...]:
+    """``((size, count), ...)``: the blocks over which ``k``-out-of-``t`` allocation is
+    decomposed — ``k - r`` blocks of ``m = ⌊t/k⌋`` steps and ``r = t - k m`` of ``m + 1``
+    (zero counts dropped); ``((t, 1),)`` for ``k = 1``. One step in each block, relabelled by
+    a uniformly random permutation, is a uniform ``k``-subset (docs/subsampling.md).
+
+    >>> allocation_blocks(5, 2)
+    ((2, 1), (3, 1))
+    """
+    t, k = check_steps_selected(num_steps, num_selected)
+    m, r = divmod(t, k)
+    return tuple((size, count) for size, count in ((m, k - r), (m + 1, r)) if count > 0)
+
+
 def allocation_rdp_remove(
     num_steps: int, noise_multiplier: float, orders: ArrayLike, num_selected: int = 1
 ) -> FloatArray:
     """Remove-direction RDP ``D_α(P‖Q)`` of one epoch of random ``k``-of-``t`` allocation.
 
     Exact at integer orders for ``k = 1`` (Feldman & Shenfeld 2025); for ``k > 1`` the bound
-    by ``k`` compositions of 1-out-of-``⌊t/k⌋`` allocation. An upper bound at every order.
+    by the composition over the blocks of :func:`allocation_blocks`. An upper bound at every
+    order.
     """
     t, k = check_steps_selected(num_steps, num_selected)
     sigma = check_positive("noise_multiplier", noise_multiplier)
@@ -142,12 +165,13 @@ def allocation_rdp_remove(
     cap = _no_amplification(a, sigma, k)
     out = cap.copy()
     if exact.any() and sigma > 1e-150:  # 1/σ² finite (smaller σ: the cap, +inf)
-        per_round = t // k
         top = int(up[exact].max())
-        log_m = _log_sum_moments(per_round, sigma, top)
         ints = up[exact].astype(np.int64)
-        log_ey = log_m[ints] - ints * math.log(per_round)
-        val = k * (np.maximum(log_ey, 0.0) / (ints - 1.0) * (1.0 + _MARGIN) + _ABS_MARGIN)
+        val = np.zeros(ints.size)
+        for size, count in allocation_blocks(t, k):
+            log_m = _log_sum_moments(size, sigma, top)
+            log_ey = log_m[ints] - ints * math.log(size)
+            val += count * (np.maximum(log_ey, 0.0) / (ints - 1.0) * (1.0 + _MARGIN) + _ABS_MARGIN)
         out[exact] = np.minimum(val, cap[exact])
     return out
 
@@ -237,8 +261,8 @@ def allocation_rdp_add(
     representation with an upper bound of the log-normal's Laplace transform
     (:func:`_log_negative_moments`): every piece is a proven upper bound, so the result is
     one (checked against Monte Carlo in the tests). At ``t = 1`` the closed form
-    ``α/(2σ²)`` is used. ``k > 1``: ``k`` compositions of
-    1-out-of-``⌊t/k⌋`` (Feldman & Shenfeld 2025). Capped by ``k α/(2σ²)``.
+    ``α/(2σ²)`` is used. ``k > 1``: the composition over the blocks of
+    :func:`allocation_blocks`. Capped by ``k α/(2σ²)``.
     """
     t, k = check_steps_selected(num_steps, num_selected)
     sigma = check_positive("noise_multiplier", noise_multiplier)
@@ -248,12 +272,15 @@ def allocation_rdp_add(
     out = cap.copy()
     if exact.any() and sigma > 1e-150 and 1.0 / (sigma * sigma) <= _MAX_ADD_V:
         ints = np.unique(up[exact])
-        per_round = t // k
-        if per_round == 1:
-            val = k * ints / (2.0 * sigma * sigma)
-        else:
-            log_m = _log_negative_moments(per_round, sigma, ints - 1.0)
-            val = k * (np.maximum(log_m, 0.0) / (ints - 1.0) * (1.0 + _MARGIN) + _ABS_MARGIN)
+        val = np.zeros(ints.size)
+        for size, count in allocation_blocks(t, k):
+            if size == 1:
+                val += count * ints / (2.0 * sigma * sigma)
+            else:
+                log_m = _log_negative_moments(size, sigma, ints - 1.0)
+                val += count * (
+                    np.maximum(log_m, 0.0) / (ints - 1.0) * (1.0 + _MARGIN) + _ABS_MARGIN
+                )
         table = dict(zip(ints.tolist(), val.tolist(), strict=True))
         vals = np.array([table[x] for x in up[exact].tolist()])
         out[exact] = np.minimum(vals, cap[exact])
@@ -333,6 +360,121 @@ def allocation_delta_monte_carlo(
     return est, max(est - half, 0.0), est + half
 
 
+def _log_elementary(log_x: FloatArray, k: int) -> FloatArray:
+    """``log e_k`` of each row of the positive matrix ``exp(log_x)`` (``e_k`` the ``k``-th
+    elementary symmetric polynomial), by the recurrence ``e_j <- e_j + x e_(j-1)`` in log
+    space (no overflow, positive terms only)."""
+    rows, cols = log_x.shape
+    le = np.full((k + 1, rows), -np.inf)
+    le[0] = 0.0
+    for i in range(cols):
+        x = log_x[:, i]
+        for j in range(min(k, i + 1), 0, -1):
+            np.logaddexp(le[j], x + le[j - 1], out=le[j])
+    out: FloatArray = le[k]
+    return out
+
+
+def allocation_privacy_losses(
+    num_steps: int,
+    noise_multiplier: float,
+    samples: int,
+    *,
+    num_selected: int = 1,
+    epochs: int = 1,
+    under: str = "P",
+    rng: np.random.Generator | None = None,
+) -> FloatArray:
+    """``samples`` draws of the privacy loss ``L = Σ_epochs log(e_k(X)/C(t,k))`` of
+    ``epochs`` epochs of ``k``-out-of-``t`` allocation's pair, under ``P`` (the record's ``k``
+    steps carry the signal; by symmetry the first ``k``) or ``Q``. ``X_i = exp((o_i - 1/2)/σ²)``
+    are the steps' likelihood ratios; ``e_k`` is evaluated exactly (in log space)."""
+    t, k = check_steps_selected(num_steps, num_selected)
+    sigma = check_positive("noise_multiplier", noise_multiplier)
+    n = check_int("samples", samples, 1)
+    e = check_int("epochs", epochs, 1)
+    if under not in ("P", "Q"):
+        raise fail("under", under, "'P' or 'Q'")
+    if rng is None:
+        from renyi.random import secure_random_bytes
+
+        rng = np.random.default_rng(int.from_bytes(secure_random_bytes(16), "little"))
+    v = 1.0 / (sigma * sigma)
+    log_norm = float(gammaln(t + 1.0) - gammaln(k + 1.0) - gammaln(t - k + 1.0))
+    total = np.zeros(n)
+    chunk = max(1, 2_000_000 // t)
+    for start in range(0, n, chunk):
+        rows = min(chunk, n - start)
+        for _ in range(e):
+            log_x = rng.normal(-0.5 * v, math.sqrt(v), size=(rows, t))
+            if under == "P":
+                log_x[:, :k] += v
+            total[start : start + rows] += _log_elementary(log_x, k) - log_norm
+    return total
+
+
+def allocation_epsilon_monte_carlo(
+    num_steps: int,
+    noise_multiplier: float,
+    delta: float,
+    *,
+    num_selected: int = 1,
+    epochs: int = 1,
+    direction: str = "both",
+    samples: int = 100_000,
+    confidence: float = 0.99,
+    rng: np.random.Generator | None = None,
+) -> tuple[float, float, float]:
+    """Monte Carlo ``(estimate, low, high)`` of ε(δ) of ``epochs`` epochs of random
+    ``k``-out-of-``t`` allocation: the remove direction from losses under ``P``
+    (``δ = E_P[(1 - e^(ε-L))_+]``), the add direction under ``Q`` (``E_Q[(1 - e^(ε+L))_+]``),
+    both with summands in [0, 1] so the normal interval at ``confidence`` is honest at
+    moderate δ; ε solves ``δ_MC(ε) = δ`` on the estimate and on both ends of the interval;
+    ``"both"`` takes the larger direction at each. An estimate, not a bound.
+
+    >>> rng = np.random.default_rng(0)
+    >>> est, lo, hi = allocation_epsilon_monte_carlo(20, 1.0, 1e-3, num_selected=2, rng=rng)
+    >>> 1.60 < lo <= est <= hi < 1.76
+    True
+    """
+    from renyi.analysis.allocation_correlated import _delta_terms, _interval
+
+    d = check_delta(delta)
+    conf = check_range("confidence", confidence, 0.0, 1.0, low_open=True, high_open=True)
+    if direction not in ("remove", "add", "both"):
+        raise fail("direction", direction, "'remove', 'add' or 'both'")
+    out = np.zeros(3)
+    todo = (("remove", "P"), ("add", "Q"))
+    for name, under in todo if direction == "both" else [x for x in todo if x[0] == direction]:
+        losses = allocation_privacy_losses(
+            num_steps,
+            noise_multiplier,
+            samples,
+            num_selected=num_selected,
+            epochs=epochs,
+            under=under,
+            rng=rng,
+        )
+
+        def at(eps: float, which: int, losses: FloatArray = losses, dr: str = name) -> float:
+            return _interval(_delta_terms(losses, eps, dr), conf)[which]
+
+        for which in range(3):  # estimate, low, high of delta -> estimate, low, high of eps
+            if at(0.0, which) <= d:
+                continue
+            lo, hi = 0.0, 1.0
+            while at(hi, which) > d:
+                lo, hi = hi, 2.0 * hi
+                if hi > 1e4:
+                    raise fail("delta", delta, "a delta the samples resolve (too small)")
+            for _ in range(60):
+                mid = 0.5 * (lo + hi)
+                lo, hi = (mid, hi) if at(mid, which) > d else (lo, mid)
+            out[which] = max(out[which], hi)
+    # delta's low end gives eps's low end: order (estimate, low, high)
+    return float(out[0]), float(out[1]), float(out[2])
+
+
 def one_of_t_epsilon_lower_bound(
     num_steps: int,
     noise_multiplier: float,
@@ -358,7 +500,6 @@ def one_of_t_epsilon_lower_bound(
     only shrink under post-processing). This is the kind of lower bound Chua et al.
     (ICML 2024) use to show that Poisson accounting understates shuffling.
     """
-    from renyi._validation import check_delta
     from renyi.analysis.pld import PrivacyLossDistribution
 
     t = check_int("num_steps", num_steps, 1)

@@ -65,15 +65,21 @@ first side's surplus at ``∞`` — nothing for ``H_γ(Q‖P)``, ``γ >= 1``; th
 ``t``-fold power of a lattice on ``[x0, M]``, which holds every sum (``Δ ≈ t²/points``).
 :func:`allocation_pairs` uses it for the add direction where its lattice is the finer.
 
-``k > 1`` (each record in ``k`` of ``t`` steps): random ``k``-out-of-``t`` allocation is
-dominated by ``k`` independent runs of 1-out-of-``⌊t/k⌋`` (Feldman & Shenfeld 2025,
-decomposition; a uniformly random relabelling of steps turns "one step in each of ``k``
-blocks" into a uniform ``k``-subset, and 1-of-``m`` is dominated by 1-of-``m'`` for
-``m' <= m`` by padding with pure-noise steps), so the PLD is the ``k``-fold composition.
-Where the lattice is too coarse for the noise (small ``σ``), :func:`allocation_pld` returns
-the record's ``k`` Gaussian runs without amplification when that is tighter at both
-reference δs (1e-2 and 1e-6): a choice between two sound bounds. The accountants report the
-minimum of this PLD bound and the RDP bound of :mod:`renyi.analysis.allocation`.
+``k > 1`` (each record in ``k`` of ``t`` steps): with ``m = ⌊t/k⌋`` and ``r = t - k m``,
+split the steps into ``k - r`` blocks of ``m`` and ``r`` blocks of ``m + 1``
+(:func:`renyi.analysis.allocation.allocation_blocks`) and pick one step in each block
+uniformly; a uniformly random relabelling of the steps turns this into a uniform
+``k``-subset (its law is invariant under every permutation, and permutations act
+transitively on ``k``-subsets). Revealing the relabelling can only help the adversary, and
+given it the record's steps are independent 1-out-of-``size`` allocations of the blocks, so
+the PLD is the composition of the blocks' PLDs (Feldman & Shenfeld 2025 use ``k`` blocks of
+``⌊t/k⌋``, padding the rest with pure-noise steps: up to ``k/⌊t/k⌋`` times less amplification
+per block when ``k`` does not divide ``t``). Where the lattice is too coarse for the noise
+(small σ), :func:`allocation_pld` returns the record's ``k`` Gaussian runs without
+amplification when that is tighter at both reference δs (1e-2 and 1e-6): a choice between
+two sound bounds. The accountants report the minimum of this PLD bound and the RDP bound of
+:mod:`renyi.analysis.allocation`; :mod:`renyi.analysis.allocation_lower` gives the certified
+lower bound that brackets them.
 
 Example
 -------
@@ -94,7 +100,7 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.special import log_ndtr, ndtr, ndtri
 
 from renyi._validation import check_int, check_positive, check_probability, fail
-from renyi.analysis.allocation import check_steps_selected
+from renyi.analysis.allocation import allocation_blocks, check_steps_selected
 from renyi.analysis.pld import DEFAULT_MAX_BINS, PrivacyLossDistribution
 
 __all__ = [
@@ -579,16 +585,18 @@ def allocation_pld(
     max_bins: int = DEFAULT_MAX_BINS,
 ) -> tuple[PrivacyLossDistribution, PrivacyLossDistribution]:
     """PLDs ``(remove, add)`` of one epoch of random ``k``-out-of-``t`` allocation: upper
-    bounds in both directions (module docstring), ``k > 1`` by ``k`` compositions of
-    1-out-of-``⌊t/k⌋``."""
+    bounds in both directions (module docstring); ``k > 1`` by the composition of
+    1-out-of-``m`` allocations over the blocks of :func:`allocation_blocks` (sizes
+    ``⌊t/k⌋`` and ``⌈t/k⌉``)."""
     t, k = check_steps_selected(num_steps, num_selected)
-    m = t // k
     h, tm = value_discretization_interval, tail_mass
     gauss = PrivacyLossDistribution.gaussian(
         noise_multiplier, value_discretization_interval=h, tail_mass=tm
     )
     if k > 1:
-        gauss = gauss.self_compose(k, max_bins=max_bins)
+        sigma = check_positive("noise_multiplier", noise_multiplier)
+        return _blocks_pld(t, k, sigma, gauss, h, tm, max_points, max_bins)
+    m = t
     if m == 1:  # every step holds the record: k runs of the Gaussian, exactly
         return gauss, gauss
     sigma = check_positive("noise_multiplier", noise_multiplier)
@@ -597,14 +605,48 @@ def allocation_pld(
     pair_rem, pair_add = allocation_pairs(m, sigma, tail_mass=tm, max_points=max_points)
     rem = pair_rem.pld("remove", value_discretization_interval=h, tail_mass=tm)
     add = pair_add.pld("add", value_discretization_interval=h, tail_mass=tm)
-    if k > 1:
-        rem = rem.self_compose(k, max_bins=max_bins)
-        add = add.self_compose(k, max_bins=max_bins)
     # both are sound; where the lattice is too coarse for the noise (small σ) the record's
-    # k Gaussian runs without amplification can be the tighter one: keep the better at the
+    # Gaussian run without amplification can be the tighter one: keep the better at the
     # reference δs (a choice between two upper bounds, never a mix of them)
     deltas = np.array(_REFERENCE_DELTAS)
     ours = np.maximum(rem.epsilon_for_delta(deltas).upper, add.epsilon_for_delta(deltas).upper)
     if np.all(gauss.epsilon_for_delta(deltas).upper < ours):
         return gauss, gauss
+    return rem, add
+
+
+def _blocks_pld(
+    t: int,
+    k: int,
+    sigma: float,
+    gauss: PrivacyLossDistribution,
+    h: float,
+    tm: float,
+    max_points: int,
+    max_bins: int,
+) -> tuple[PrivacyLossDistribution, PrivacyLossDistribution]:
+    """``k > 1``: the composition over the blocks of :func:`allocation_blocks` of their
+    1-out-of-``size`` PLDs (a block of one step is the Gaussian), or the record's ``k``
+    Gaussian runs where those are tighter at both reference δs."""
+    rem: PrivacyLossDistribution | None = None
+    add: PrivacyLossDistribution | None = None
+    for size, count in allocation_blocks(t, k):
+        if size == 1 or 1.0 / (sigma * sigma) > _MAX_V:  # the Gaussian (no lattice holds X)
+            b_rem = b_add = gauss
+        else:
+            pair_rem, pair_add = allocation_pairs(size, sigma, tail_mass=tm, max_points=max_points)
+            b_rem = pair_rem.pld("remove", value_discretization_interval=h, tail_mass=tm)
+            b_add = pair_add.pld("add", value_discretization_interval=h, tail_mass=tm)
+        if count > 1:
+            same = b_add is b_rem
+            b_rem = b_rem.self_compose(count, max_bins=max_bins)
+            b_add = b_rem if same else b_add.self_compose(count, max_bins=max_bins)
+        rem = b_rem if rem is None else rem.compose(b_rem)
+        add = b_add if add is None else add.compose(b_add)
+    assert rem is not None and add is not None
+    gk = gauss.self_compose(k, max_bins=max_bins)
+    deltas = np.array(_REFERENCE_DELTAS)
+    ours = np.maximum(rem.epsilon_for_delta(deltas).upper, add.epsilon_for_delta(deltas).upper)
+    if np.all(gk.epsilon_for_delta(deltas).upper < ours):
+        return gk, gk
     return rem, add
