@@ -17,7 +17,8 @@ rounds (medians), all in one run:
 Ratios are relative to ``torch.randn`` in the same run, one thread by default. A script,
 not a test:
 
-    .venv/bin/python benchmarks/noise.py --sizes 315000 10000000 --rounds 7
+    .venv/bin/python benchmarks/noise.py --sizes 100000 315394 1000000 10000000 --rounds 9
+    .venv/bin/python benchmarks/noise.py --mlp-step --rounds 21
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def mlp_step_share(rounds: int, batch: int = 512) -> None:
     print(
         f"MLP ({flat.numel():,} parameters, batch {batch}): private step {1e3 * s:.1f} ms, "
         f"its noise stage {1e3 * n:.2f} ms = {100 * n / s:.1f} % of the step (medians of "
-        f"{rounds} interleaved rounds)"
+        f"{rounds} interleaved rounds, {torch.get_num_threads()} thread(s), load average "
+        f"{os.getloadavg()[0]:.1f})"
     )
 
 

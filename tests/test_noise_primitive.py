@@ -108,6 +108,45 @@ def test_bad_scales_are_refused(bad):
         noise.gaussian(0.0, bad)
 
 
+_CN = noise.CounterNoise(bytes(32))
+BIG = 2**70
+
+
+@pytest.mark.parametrize(
+    ("call", "name", "says"),
+    [
+        (lambda: noise.gaussian(BIG, 1.0), "value", r"\[-2\*\*63, 2\*\*64\)"),
+        (lambda: noise.laplace([1, -BIG], 1.0), "value", r"\[-2\*\*63, 2\*\*64\)"),
+        (lambda: _CN.gaussian(BIG, 1.0, stream=0, step=0), "value", r"2\*\*64\)"),
+        (lambda: noise.snap(0.0, BIG, 1.0), "standard_noise", r"2\*\*64\)"),
+        (lambda: noise.gaussian(0.0, 2**1100), "sigma", "largest float64"),
+        (lambda: noise.lattice_step(2**1100), "scale", "largest float64"),
+        (lambda: noise.gaussian_noise((BIG,), 1.0), "shape", r"2\*\*63 - 1 values"),
+        (lambda: noise.gaussian_noise((2**32, 2**32), 1.0), "shape", r"2\*\*63 - 1"),
+        (lambda: noise.gaussian_noise((2.5,), 1.0), "shape", "integers >= 0"),
+        (lambda: noise.gaussian_integers(BIG, 1.0), "shape", r"2\*\*63 - 1 values"),
+        (lambda: noise.standard_normal(2**64), "n", r"\[0, 2\*\*63\)"),
+        (lambda: _CN.standard_normal(BIG, stream=0, step=0), "shape", r"2\*\*36 values"),
+        (lambda: _CN.standard_normal(2**37, stream=0, step=0), "shape", r"2\*\*36 values"),
+        (lambda: noise.implementation_slack(2.5), "n_values", "integer"),
+        (lambda: noise.implementation_slack(5, epsilon=2**1100), "epsilon", "float64"),
+    ],
+)
+def test_integers_beyond_the_machine_range_get_our_error(call, name, says):
+    """Python ints beyond int64/uint64 (values, noise) or float64 (scales), and sizes beyond
+    what an array (or a counter stream) holds: our error naming the parameter and its range,
+    never numpy's OverflowError/ValueError or a message naming the wrong parameter."""
+    with pytest.raises(PrivacyParameterError, match=f"^{name}=") as err:
+        call()
+    assert err.match(says)
+
+
+def test_huge_counts_are_slack_not_overflow():
+    """``implementation_slack`` of any integer count: exact (0 here), never OverflowError."""
+    assert noise.implementation_slack(2**70) == (0.0, 0.0)
+    assert noise.implementation_slack(2**1100) == (0.0, 0.0)
+
+
 def test_every_finite_value_is_released_whatever_its_size():
     """No refusal that depends on the value (issue 22: |x| > 2**52 g used to raise while
     x - 0.5 released): huge values come back on the lattice, saturated at the dtype's max."""

@@ -52,6 +52,7 @@ True
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import sys
 import threading
@@ -115,6 +116,7 @@ _UNIT_BYTES = {"gaussian": 8, "laplace": 4}
 _UNIT_VALUES = {"gaussian": 2, "laplace": 1}
 _MAX_STREAM = 1 << 24
 _MAX_VALUES = 1 << 36  # per (stream, step): 2**32 ChaCha20 blocks of 64 bytes
+_MAX_SIZE = (1 << 63) - 1  # numpy's largest array (intp)
 
 
 def lattice_step(scale: float) -> float:
@@ -125,11 +127,9 @@ def lattice_step(scale: float) -> float:
     >>> lattice_step(1.0), lattice_step(0.3), lattice_step(1000.0)
     (0.125, 0.03125, 64.0)
     """
-    s = check_nonnegative("scale", scale)
+    s = _check_scale("scale", scale)
     if s == 0.0:
         return 2.0**-970
-    if not math.isfinite(s):
-        raise fail("scale", scale, "a finite noise scale >= 0")
     _, e = math.frexp(s)  # s = m 2**e, m in [1/2, 1)
     return math.ldexp(1.0, max(e - 1 - GRID_BITS, -970))
 
@@ -147,11 +147,12 @@ def implementation_slack(n_values: int, epsilon: float = 1.0) -> tuple[float, fl
     >>> e, d < 1e-20
     (0.0, True)
     """
-    n = int(n_values)
-    if n < 0:
-        raise fail("n_values", n_values, "an integer >= 0")
-    eps = check_nonnegative("epsilon", epsilon)
-    return ROUNDING_SLACK * n, n * TAIL_MASS * (1.0 + math.exp(min(eps, 700.0)))
+    n = check_int("n_values", n_values, 0)
+    eps = _real("epsilon", epsilon)
+    nf = float(n) if n.bit_length() <= 1023 else math.inf  # any int: no OverflowError
+    eps_slack = ROUNDING_SLACK * nf if ROUNDING_SLACK else 0.0
+    delta_slack = nf * TAIL_MASS * (1.0 + math.exp(min(eps, 700.0))) if TAIL_MASS else 0.0
+    return eps_slack, delta_slack
 
 
 def accounting_slack(epsilon: float = 1.0) -> tuple[float, float]:
@@ -783,11 +784,11 @@ def _release_given(
 
 
 _NON_FINITE = ("value", "a non-finite entry", "finite values (NaN/inf are refused)")
-_INT_RULE = (
-    "a finite real number, array or tensor; a Python int must lie in [-2**63, 2**64) (the "
-    "int64/uint64 range; integers are released as their float64 value): pass a larger one as "
-    "a float"
+_INT = (
+    "a Python int must lie in [-2**63, 2**64) (the int64/uint64 range; integers are taken at "
+    "their float64 value): pass a larger one as a float"
 )
+_INT_RULE = "a finite real number, array or tensor; " + _INT
 
 
 def _check_value(value: Any, finite: bool = True) -> tuple[str, Any]:
@@ -834,11 +835,42 @@ def _check_finite(where: str, arr: Any) -> None:
         raise fail(*_NON_FINITE)
 
 
+def _real(name: str, value: Any, rule: str = "a finite number >= 0") -> float:
+    """:func:`check_nonnegative`, with integers beyond the float64 range refused by name
+    (``float(2**1100)`` would raise a bare OverflowError)."""
+    try:
+        return check_nonnegative(name, value)
+    except OverflowError:
+        shown = f"an integer of {int(value).bit_length()} bits"
+        raise fail(name, shown, f"{rule} (at most the largest float64, about 1.8e308)") from None
+
+
 def _check_scale(name: str, scale: Any) -> float:
-    s = check_nonnegative(name, scale)
+    s = _real(name, scale, "a finite noise scale >= 0")
     if not math.isfinite(s):
         raise fail(name, scale, "a finite noise scale >= 0")
     return s
+
+
+def _check_shape(shape: Any, limit: int = _MAX_SIZE, rule: str = "") -> tuple[tuple[int, ...], int]:
+    """``(dims, number of values)`` of ``shape`` (an integer or a sequence of them, each >= 0),
+    refused by name when it is anything else or holds more than ``limit`` values."""
+    expected = "an integer or a tuple of integers >= 0"
+    if isinstance(shape, bool | np.bool_ | str | bytes):
+        raise fail("shape", shape, expected)
+    dims: Any = (shape,) if isinstance(shape, numbers.Integral) else shape
+    try:
+        dims = tuple(dims)
+    except TypeError:
+        raise fail("shape", shape, expected) from None
+    for d in dims:
+        if isinstance(d, bool | np.bool_) or not isinstance(d, numbers.Integral) or d < 0:
+            raise fail("shape", shape, expected)
+    dims = tuple(int(d) for d in dims)
+    n = math.prod(dims)
+    if n > limit:
+        raise fail("shape", shape, rule or f"at most 2**63 - 1 values in all ({expected})")
+    return dims, n
 
 
 def _release(
@@ -855,6 +887,8 @@ def _release(
         if n_noise != n_value:
             raise fail(name, f"{n_noise} entries", f"{n_value} entries, one per value")
         gz = _np(noise_in.detach() if hasattr(noise_in, "detach") else noise_in)
+        if gz.dtype.kind not in "iuf" and _has_big_int(noise_in):
+            raise fail(name, "a Python int outside [-2**63, 2**64)", "finite real noise; " + _INT)
         if gz.dtype.kind not in "iuf" or (gz.size and not np.isfinite(gz).all()):
             raise fail(name, "a non-finite or non-real entry", "finite real noise")
     bits = make_bits() if given is None else None
@@ -1032,6 +1066,8 @@ def standard_normal(
     (3,)
     """
     n = check_int("n", n, 0)
+    if n > _MAX_SIZE:
+        raise fail("n", n, "an integer in [0, 2**63) (numpy's largest array)")
     make = _fresh_bits("gaussian", rng, allow_predictable_noise)
     if torch_kernel:
         import torch
@@ -1072,9 +1108,8 @@ def gaussian_noise(
     >>> gaussian_noise((2, 3), 1.0).shape
     (2, 3)
     """
-    shp = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
-    if any(int(n) < 0 for n in shp):
-        raise fail("shape", shape, "non-negative dimensions")
+    shp, _ = _check_shape(shape)
+    _check_scale("sigma", sigma)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(like, torch.Tensor):
         zeros: Any = torch.zeros(shp, dtype=like.dtype, device=like.device)
@@ -1140,6 +1175,8 @@ class CounterNoise:
 
     @staticmethod
     def _counters(stream: Any, step: Any, offset: Any, n: int) -> tuple[int, int, int]:
+        if n > _MAX_VALUES:  # the value alone is too large: name it, not the offset
+            raise fail("value", f"{n} entries", "at most 2**36 values per (stream, step)")
         st = check_int("stream", stream, 0)
         if st >= _MAX_STREAM:
             raise fail("stream", stream, "an integer in [0, 2**24)")
@@ -1190,10 +1227,7 @@ class CounterNoise:
         ``with_bound=True`` returns ``(z, err)``, ``err`` a proven bound on ``|z_i - Z_i|`` for
         the ideal normals ``Z_i`` of these bits (docs/noise.md: ``(6 + 76 max R) 2**-53``,
         about ``4e-14`` for a million values)."""
-        shp = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
-        if any(int(d) < 0 for d in shp):
-            raise fail("shape", shape, "non-negative dimensions")
-        n = math.prod(int(d) for d in shp)
+        shp, n = _check_shape(shape, _MAX_VALUES, "at most 2**36 values per (stream, step)")
         st, sp, off = self._counters(stream, step, offset, n)
         bits = _CounterBits(self._key, "gaussian", st, sp)
         z, err = _combination.normals(bits, off, n)
