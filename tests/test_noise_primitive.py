@@ -11,6 +11,7 @@ from scipy import stats
 
 from renyi import noise
 from renyi.errors import InsecureRandomnessWarning, PrivacyParameterError
+from renyi.mechanisms import GaussianMechanism, LaplaceMechanism
 from renyi.random import GeneratorSource, RandomSource, SecureSource
 
 ALPHA = 1e-6  # false-alarm rate of each statistical check
@@ -130,6 +131,8 @@ BIG = 2**70
         (lambda: _CN.standard_normal(2**37, stream=0, step=0), "shape", r"2\*\*36 values"),
         (lambda: noise.implementation_slack(2.5), "n_values", "integer"),
         (lambda: noise.implementation_slack(5, epsilon=2**1100), "epsilon", "float64"),
+        (lambda: GaussianMechanism(1.0, 1.0).release([1, BIG]), "value", r"2\*\*64\)"),
+        (lambda: LaplaceMechanism(1.0, 1.0).release(-BIG), "value", r"\[-2\*\*63, 2"),
     ],
 )
 def test_integers_beyond_the_machine_range_get_our_error(call, name, says):

@@ -180,6 +180,13 @@ def as_values(value: Any, name: str = "value") -> tuple[NDArray[np.float64], boo
     except (TypeError, ValueError):
         raise fail(name, value, expected) from None
     if arr.dtype.kind not in "iuf":
+        if arr.dtype == object and any(type(v) is int for v in arr.flat):  # beyond 64 bits
+            raise fail(
+                name,
+                "a Python int outside [-2**63, 2**64)",
+                expected + " (a Python int must lie in the int64/uint64 range: pass a larger "
+                "one as a float)",
+            )
         raise fail(name, value, expected)
     if arr.size == 0:
         raise fail(name, value, expected + " (got an empty array)")
