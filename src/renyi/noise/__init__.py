@@ -219,12 +219,16 @@ _ZEROS = bytes(0)
 _SCRATCH = threading.local()  # per-thread keystream buffers of the compiled pass
 
 
+_ZEROS_MAX = 1 << 20  # the shared plaintext stays small; larger requests go in pieces
+
+
 def _zeros(n: int) -> memoryview:
-    """``n`` zero bytes (the plaintext whose encryption is the keystream), shared, read-only."""
+    """``n <= _ZEROS_MAX`` zero bytes (the plaintext whose encryption is the keystream),
+    shared, read-only."""
     global _ZEROS
     z = _ZEROS
     if len(z) < n:
-        z = _ZEROS = bytes(max(n, 2 * len(z)))
+        z = _ZEROS = bytes(min(max(n, 2 * len(z)), _ZEROS_MAX))
     return memoryview(z)[:n]
 
 
@@ -267,7 +271,9 @@ class _CounterBits:
                 self._buf = bytearray(n)
             into = self._buf
         buf = memoryview(into)[:n]
-        self._enc.update_into(_zeros(n), buf)
+        for i in range(0, n, _ZEROS_MAX):  # one piece for a compiled-pass chunk
+            m = min(_ZEROS_MAX, n - i)
+            self._enc.update_into(_zeros(m), buf[i : i + m])
         self._next = start + n
         return buf  # valid until the next call: the caller copies it
 
