@@ -6,27 +6,20 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
-from scipy import fft as sfft
 
 from renyi.analysis.pld._numerics import (
     _DELTA_REFS,
-    _EXT,
     _FFT_C,
     _S_GRID,
     _SMALL_POWER,
     _U,
-    _U_EXT,
     FloatArray,
     Tilt,
     _lse,
 )
-
-if TYPE_CHECKING:
-    from renyi.analysis.pld._side import _Side
-
 
 # ---------------------------------------------------------------------------------------
 # error terms: bounds on sum_i |e_i| exp(lam L_i) for an error vector e supported in [lo, hi]
@@ -248,39 +241,6 @@ def _stitch(
             )
         )
     return probs, terms
-
-
-def _tilted_rfft(
-    side: _Side, lam: float, lm: float, n_fft: int, g: float, ext: bool = False
-) -> tuple[Any, float]:
-    """rfft of the masses tilted by ``exp(lam L - lm)`` (folded cyclically onto ``n_fft``
-    points) and a bound on the absolute error of each coefficient; in extended precision
-    if ``ext``.
-
-    The error bound is the FFT's (``g`` per unit of input L1 norm, :func:`_fft_level_error`),
-    the folding's, and the L1 norm of the tilting's own round-off: each tilted mass
-    ``exp(log p + lam L - lm)`` has a relative error ``<= 16 u (|log p| + lam |L| + |lm| + 1)``
-    (the exponent's absolute error, a few roundings of each part, plus ``exp``'s own).
-    """
-    u = _U_EXT if ext else _U
-    with np.errstate(over="ignore", under="ignore", divide="ignore"):
-        if ext:
-            t = np.exp(np.log(side.probs.astype(_EXT)) + lam * side.losses.astype(_EXT) - lm)
-        else:
-            t = np.exp(side.log_probs + lam * side.losses - lm)
-    folds = 1
-    if side.size > n_fft:
-        folds = -(-side.size // n_fft)
-        pad = np.zeros(folds * n_fft, dtype=t.dtype)
-        pad[: side.size] = t
-        base = pad.reshape(folds, n_fft).sum(axis=0)
-    else:
-        base = t
-    tot = float(np.sum(t))
-    with np.errstate(invalid="ignore"):
-        mag = np.abs(side.log_probs) + lam * np.abs(side.losses) + (abs(lm) + 1.0)
-        tilt_err = 16.0 * u * float(np.sum(np.where(t > 0, t * mag, 0.0)))
-    return sfft.rfft(base, n_fft), (g + (folds - 1) * u) * tot + tilt_err
 
 
 def _fft_power(z: Any, gz: float, T: int, u: float = _U) -> tuple[Any, FloatArray]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -38,6 +38,20 @@ _ALT_TILTS = np.concatenate(([0.0], np.geomspace(0.03, 30.0, 13)))  # for propag
 _S_GRID = np.geomspace(1e-3, 3e3, 23)  # orders for Chernoff bounds and the tilt
 _S_ALL = np.concatenate((-_S_GRID[::-1], [0.0], _S_GRID))  # exact MGFs at these orders
 _LOG_HALF = math.log(0.5)
+
+
+class _Plan(NamedTuple):
+    """How to compute ``step^count``: one FFT power ``step^t0`` on the step's grid, then one
+    level per digit of ``count - t0 m^k`` in base ``m``: coarsen by ``factor``, raise to the
+    ``m``-th power and convolve with ``step^digit``. ``taus`` are the tail budgets of the
+    stages (direct power first), ``extra_tau`` that of each ``step^digit``."""
+
+    total: int
+    t0: int
+    m: int
+    levels: tuple[tuple[int, int], ...]
+    taus: tuple[float, ...]
+    extra_tau: float
 
 
 # ---------------------------------------------------------------------------------------

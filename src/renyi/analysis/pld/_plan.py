@@ -3,29 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from renyi.analysis.pld import _numerics as _num
-from renyi.analysis.pld._numerics import _COARSEN_GUARD, _S_ALL
-
-if TYPE_CHECKING:
-    from renyi.analysis.pld._side import _Side
-
-
-class _Plan(NamedTuple):
-    """How to compute ``step^count``: one FFT power ``step^t0`` on the step's grid, then one
-    level per digit of ``count - t0 m^k`` in base ``m``: coarsen by ``factor``, raise to the
-    ``m``-th power and convolve with ``step^digit``. ``taus`` are the tail budgets of the
-    stages (direct power first), ``extra_tau`` that of each ``step^digit``."""
-
-    total: int
-    t0: int
-    m: int
-    levels: tuple[tuple[int, int], ...]
-    taus: tuple[float, ...]
-    extra_tau: float
+from renyi.analysis.pld._numerics import _COARSEN_GUARD, _S_ALL, _Plan
+from renyi.analysis.pld._side import _Side
 
 
 def _plan(step: _Side, count: int, tail_mass: float, max_bins: int) -> _Plan:

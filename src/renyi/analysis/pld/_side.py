@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -26,12 +26,12 @@ from renyi.analysis.pld._fft import (
     _spectral_error,
     _stitch,
     _term,
-    _tilted_rfft,
     _tilts,
 )
 from renyi.analysis.pld._numerics import (
     _ALIAS_TARGET,
     _ALT_TILTS,
+    _EXT,
     _KAPPA,
     _S_ALL,
     _S_GRID,
@@ -42,10 +42,8 @@ from renyi.analysis.pld._numerics import (
     _ctd_upper,
     _f64,
     _lse,
+    _Plan,
 )
-
-if TYPE_CHECKING:
-    from renyi.analysis.pld._plan import _Plan
 
 
 def _regrid(side: _Side, h: float) -> _Side:
@@ -402,6 +400,38 @@ class _Side:
         """``log_mgf`` at ``_S_ALL``, the orders of every Chernoff bound (computed once)."""
         return self.log_mgf(_S_ALL)
 
+    def tilted_rfft(
+        self, lam: float, lm: float, n_fft: int, g: float, ext: bool = False
+    ) -> tuple[Any, float]:
+        """rfft of the masses tilted by ``exp(lam L - lm)`` (folded cyclically onto ``n_fft``
+        points) and a bound on the absolute error of each coefficient; in extended precision
+        if ``ext``.
+
+        The error bound is the FFT's (``g`` per unit of input L1 norm, :func:`_fft_level_error`),
+        the folding's, and the L1 norm of the tilting's own round-off: each tilted mass
+        ``exp(log p + lam L - lm)`` has a relative error ``<= 16 u (|log p| + lam |L| + |lm| + 1)``
+        (the exponent's absolute error, a few roundings of each part, plus ``exp``'s own).
+        """
+        u = _U_EXT if ext else _U
+        with np.errstate(over="ignore", under="ignore", divide="ignore"):
+            if ext:
+                t = np.exp(np.log(self.probs.astype(_EXT)) + lam * self.losses.astype(_EXT) - lm)
+            else:
+                t = np.exp(self.log_probs + lam * self.losses - lm)
+        folds = 1
+        if self.size > n_fft:
+            folds = -(-self.size // n_fft)
+            pad = np.zeros(folds * n_fft, dtype=t.dtype)
+            pad[: self.size] = t
+            base = pad.reshape(folds, n_fft).sum(axis=0)
+        else:
+            base = t
+        tot = float(np.sum(t))
+        with np.errstate(invalid="ignore"):
+            mag = np.abs(self.log_probs) + lam * np.abs(self.losses) + (abs(lm) + 1.0)
+            tilt_err = 16.0 * u * float(np.sum(np.where(t > 0, t * mag, 0.0)))
+        return sfft.rfft(base, n_fft), (g + (folds - 1) * u) * tot + tilt_err
+
     def self_compose(self, plan: _Plan, tail_mass: float, tilt: Tilt, ext: bool = False) -> _Side:
         """``self`` composed ``plan.total`` times, following ``plan`` (see :func:`_plan`).
 
@@ -577,10 +607,10 @@ class _Side:
                 le = float(extra.mgf_table[n_g])
             u = _U_EXT if ext else _U
             g = _fft_level_error(n_fft, u)
-            z, gz = _tilted_rfft(self, lam, ls, n_fft, g, ext)
+            z, gz = self.tilted_rfft(lam, ls, n_fft, g, ext)
             w, err = _fft_power(z, gz, T, u)
             if extra is not None:
-                ze, gze = _tilted_rfft(extra, lam, le, n_fft, g, ext)
+                ze, gze = extra.tilted_rfft(lam, le, n_fft, g, ext)
                 err = err * (np.abs(ze) + gze) + np.abs(w) * gze
                 w = w * ze
                 err = err + 4.0 * u * np.abs(w)
@@ -673,8 +703,8 @@ class _Side:
         g = _fft_level_error(n_fft, u)
         runs = []
         for lam, la, lb in zip(lams, lm_a, lm_b, strict=True):
-            za, ga = _tilted_rfft(a, lam, la, n_fft, g, ext)
-            zb, gb = _tilted_rfft(b, lam, lb, n_fft, g, ext)
+            za, ga = a.tilted_rfft(lam, la, n_fft, g, ext)
+            zb, gb = b.tilted_rfft(lam, lb, n_fft, g, ext)
             w = za * zb
             r = sfft.irfft(w, n_fft)[:n_out]
             dw = ga * np.abs(zb) + gb * np.abs(za) + ga * gb + 2 * u * np.abs(w)
