@@ -144,6 +144,25 @@ def test_integers_beyond_the_machine_range_get_our_error(call, name, says):
     assert err.match(says)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64", "numpy"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_keyed_releases_refuse_a_non_finite_entry_anywhere(dtype, bad):
+    """The compiled pass checks finiteness in its own loop for keyed bits: an entry in the
+    first, a middle (another chunk) or the last position is refused, nothing released."""
+    torch = pytest.importorskip("torch")
+    n = 140_001  # three chunks of the compiled pass
+    for pos in (0, 70_000, n - 1):
+        x = np.zeros(n)
+        x[pos] = bad
+        v = (
+            x.astype(np.float32)
+            if dtype == "numpy"
+            else torch.from_numpy(x).to(getattr(torch, dtype))
+        )
+        with pytest.raises(PrivacyParameterError, match="non-finite"):
+            _CN.gaussian(v, 1.0, stream=0, step=0)
+
+
 def test_huge_counts_are_slack_not_overflow():
     """``implementation_slack`` of any integer count: exact (0 here), never OverflowError."""
     assert noise.implementation_slack(2**70) == (0.0, 0.0)
