@@ -31,11 +31,15 @@ Two parts, both with ``torch.set_num_threads(1)``:
    the median step time and its peak RSS; then it times its steps alternating (two by two,
    the second timed) with those of a non-private twin of the model in the same process: the
    ratio to non-private time (``×time``) is the median of those step-by-step ratios (each
-   pair sees the same load of a shared machine), median over rounds. Every subprocess first
-   imports the same libraries (torch, opacus, transformers, peft, renyi with its accountant
-   and scipy, cryptography) whatever it measures, so that peak RSS differences are the
-   training step's; the subprocesses are started before this process imports torch (Linux
-   carries peak RSS across ``exec``), as in benchmarks/dpsgd_engine.py.
+   pair sees the same load of a shared machine), median over rounds; ``×cpu`` is the same
+   with each step's CPU (thread) time, which the other processes of a loaded machine do not
+   add to; ``noise`` is the CPU time of the noise release alone (renyi's configurations) in
+   units of the twin's step, so that the noise's share and the rest's can be told apart.
+   Every subprocess first imports the same libraries (torch, opacus, transformers, peft,
+   renyi with its accountant and scipy, cryptography) whatever it measures, so that peak
+   RSS differences are the training step's; the subprocesses are started before this
+   process imports torch (Linux carries peak RSS across ``exec``), as in
+   benchmarks/dpsgd_engine.py.
 2. **Accuracy at equal ε** (``--accuracy``): each library calibrates σ to the same (ε, δ)
    with its own accountant and trains the same model with the same optimizer, epochs and
    expected batch size; mean test accuracy over ``--seeds`` seeds. On scikit-learn's digits
@@ -75,6 +79,8 @@ GPT2_VOCAB, GPT2_DROPOUT = 2048, 0.0
 WARMUP_STEPS = 3
 MIN_STEPS = 3
 MAX_TIMED_SECONDS = 5.0
+#: CPU time of each noise release of the current child (renyi configurations)
+NOISE_CPU_S: list[float] = []
 
 
 # ---------------------------------------------------------------------------- models
@@ -254,6 +260,16 @@ def make_step(model_name: str, config: str) -> Callable[[], None]:
         )
         if config == "renyi-randn":  # NOT secure: to show what the secure noise costs
             popt.release_noisy_sum = lambda flat: flat + popt.noise_std() * torch.randn_like(flat)
+        release = popt.release_noisy_sum
+
+        def timed_release(flat: torch.Tensor) -> torch.Tensor:
+            # the noise draw's own CPU time (thread time), apart from the rest of the step
+            t0 = time.thread_time()
+            out = release(flat)
+            NOISE_CPU_S.append(time.thread_time() - t0)
+            return out
+
+        popt.release_noisy_sum = timed_release
 
         def step() -> None:
             popt.zero_grad()
@@ -322,7 +338,10 @@ def child(model_name: str, config: str, steps: int) -> dict[str, Any]:
     for _ in range(WARMUP_STEPS):
         twin_step()
     ratios: list[float] = []
+    cpu_ratios: list[float] = []
     twin_times: list[float] = []
+    twin_cpu: list[float] = []
+    noise_cpu: list[float] = []
     start = time.perf_counter()
     while len(ratios) < steps:
         pair = []
@@ -330,13 +349,18 @@ def child(model_name: str, config: str, steps: int) -> dict[str, Any]:
         # the timed one finds its own data in the caches (the previous step was the other's)
         for f in (twin_step, step) if len(ratios) % 2 == 0 else (step, twin_step):
             f()
-            t0 = time.perf_counter()
+            NOISE_CPU_S.clear()
+            t0, c0 = time.perf_counter(), time.thread_time()
             f()
-            pair.append((f is step, time.perf_counter() - t0))
-        mine = next(t for is_mine, t in pair if is_mine)
-        theirs = next(t for is_mine, t in pair if not is_mine)
-        ratios.append(mine / theirs)
-        twin_times.append(theirs)
+            pair.append((f is step, time.perf_counter() - t0, time.thread_time() - c0))
+            if f is step and NOISE_CPU_S:
+                noise_cpu.append(sum(NOISE_CPU_S))
+        mine = next(p for p in pair if p[0])
+        theirs = next(p for p in pair if not p[0])
+        ratios.append(mine[1] / theirs[1])
+        cpu_ratios.append(mine[2] / theirs[2])
+        twin_times.append(theirs[1])
+        twin_cpu.append(theirs[2])
         if len(ratios) >= MIN_STEPS and time.perf_counter() - start > MAX_TIMED_SECONDS:
             break
     median_ms = 1000 * statistics.median(times)
@@ -348,6 +372,13 @@ def child(model_name: str, config: str, steps: int) -> dict[str, Any]:
         "step_ms_best": 1000 * min(times),
         "steps_timed": len(times),
         "paired_ratio": statistics.median(ratios),
+        "paired_cpu_ratio": statistics.median(cpu_ratios),
+        "paired_twin_cpu_ms": 1000 * statistics.median(twin_cpu),
+        # the noise release's CPU time over the twin's step CPU time (0 without a release)
+        "noise_cpu_ms": 1000 * statistics.median(noise_cpu) if noise_cpu else 0.0,
+        "noise_share_of_non_private": (
+            statistics.median(noise_cpu) / statistics.median(twin_cpu) if noise_cpu else 0.0
+        ),
         "paired_twin_step_ms": 1000 * statistics.median(twin_times),
         "pairs_timed": len(ratios),
         "peak_rss_mb": peak_rss,
@@ -533,7 +564,8 @@ def throughput(
                 extra = ",".join(res["modules_imported_by_step"])
                 print(
                     f"round {r + 1}/{rounds} {model:11s} {config:13s} "
-                    f"{res['step_ms']:8.1f} ms  x{res['paired_ratio']:.2f}  "
+                    f"{res['step_ms']:8.1f} ms  x{res['paired_ratio']:.2f} "
+                    f"cpu x{res['paired_cpu_ratio']:.2f} noise {res['noise_cpu_ms']:.2f} ms  "
                     f"{res['peak_rss_mb']:7.0f} MB (imports {res['rss_after_imports_mb']:.0f} "
                     f"MB; step imported: {extra or '-'})",
                     file=sys.stderr,
@@ -563,6 +595,13 @@ def throughput(
                     "samples_per_s": MODELS[model] / step_ms * 1000,
                     "step_ms": step_ms,
                     "time_ratio_vs_non_private": statistics.median(x["paired_ratio"] for x in runs),
+                    "cpu_ratio_vs_non_private": statistics.median(
+                        x["paired_cpu_ratio"] for x in runs
+                    ),
+                    "noise_cpu_ms": statistics.median(x["noise_cpu_ms"] for x in runs),
+                    "noise_share_of_non_private": statistics.median(
+                        x["noise_share_of_non_private"] for x in runs
+                    ),
                     "time_ratio_separate": _median_ratio(runs, base_runs, "step_ms"),
                     "time_ratio_of_means": _median_ratio(runs, base_runs, "step_ms_mean"),
                     "best_step_ms": min(x["step_ms_best"] for x in runs),
@@ -652,6 +691,8 @@ def _print_report(report: dict[str, Any]) -> None:
                 round(r["samples_per_s"]),
                 round(r["step_ms"], 1),
                 round(r["time_ratio_vs_non_private"], 2),
+                round(r["cpu_ratio_vs_non_private"], 2),
+                round(r["noise_share_of_non_private"], 2),
                 round(r["time_ratio_separate"], 2),
                 round(r["best_ratio"], 2),
                 round(r["peak_rss_mb"]),
@@ -670,6 +711,8 @@ def _print_report(report: dict[str, Any]) -> None:
                     "samples/s",
                     "ms/step",
                     "×time",
+                    "×cpu",
+                    "noise",
                     "×sep",
                     "×best",
                     "peak MB",
@@ -681,6 +724,9 @@ def _print_report(report: dict[str, Any]) -> None:
                 title=(
                     "Throughput (torch threads = 1, medians over interleaved rounds). ×time: "
                     "median of step-by-step ratios to a non-private twin in the same process; "
+                    "×cpu: the same with each step's CPU (thread) time, which other processes "
+                    "of a loaded machine do not add to; noise: the noise release's CPU time "
+                    "in units of the twin's step (included in ×time and ×cpu); "
                     "×sep: ratio of median step times of separate processes; ×best: fastest "
                     "step / fastest non-private step; ×RSS: peak RSS / non-private's; step MB: "
                     "peak RSS above the imports alone, ×step MB its ratio to non-private's"

@@ -397,16 +397,24 @@ def _linear(
 
 
 def _linear_from(
-    used: Sequence[tuple[Tensor, Tensor]], d: int, o: int, names: Sequence[str], batch: int
+    used: Sequence[tuple[Tensor, Tensor]],
+    d: int,
+    o: int,
+    names: Sequence[str],
+    batch: int,
+    shared: SharedOutputGrads | None = None,
 ) -> _OuterProductGrads | _LinearGrads | _SeqLinearGrads:
     """An affine map ``y = x W^T + b`` (``W``: ``[o, d]``) from its calls' inputs and output
-    gradients, batch-first; several calls are concatenated along the position axis."""
-    if len(used) == 1:
+    gradients, batch-first; several calls are concatenated along the position axis.
+    ``shared``: the output gradients, concatenated, when another map has the same."""
+    if len(used) == 1 and shared is None:
         x, g = used[0]
         if x.ndim == 2 and g.ndim == 2 and x.shape[0] == batch == g.shape[0]:
             return _LinearGrads(x, g, names)
     if all(x.shape[0] == batch and g.shape[0] == batch for x, g in used):
         a3 = _cat([x.reshape(batch, -1, d) for x, _ in used], dim=1)
+        if shared is not None and shared.b.shape[1] == a3.shape[1]:
+            return _SeqLinearGrads(a3.contiguous(), shared.b, names, shared)
         b3 = _cat([g.reshape(batch, -1, o) for _, g in used], dim=1)
         return _SeqLinearGrads(a3.contiguous(), b3.contiguous(), names)
     a = _cat([x.reshape(batch, 1, -1, d).transpose(2, 3) for x, _ in used], dim=3)
@@ -431,11 +439,19 @@ class _SeqLinearGrads:
     else Gram matrices, in the layout the layer produced, so that the clipped sum is one
     ``[o, BT] x [BT, d]`` product without copies."""
 
-    def __init__(self, a: Tensor, b: Tensor, names: Sequence[str]) -> None:
+    def __init__(
+        self,
+        a: Tensor,
+        b: Tensor,
+        names: Sequence[str],
+        shared: SharedOutputGrads | None = None,
+    ) -> None:
         self.a, self.b = a, b
         self.names = tuple(names)
+        self.shared = shared
         t, d, o = a.shape[1], a.shape[2], b.shape[2]
-        self.use_gram = not _per_example_fits(t, d, o)
+        # output gradients shared with another map: their Gram matrix is computed once
+        self.use_gram = shared is not None or not _per_example_fits(t, d, o)
         self.per_example: Tensor | None = None
 
     def sq_norms(self) -> dict[str, Tensor]:
@@ -444,14 +460,16 @@ class _SeqLinearGrads:
         if "weight" in self.names:
             if self.use_gram:
                 ga = torch.bmm(a, a.transpose(1, 2))  # [B, T, T]
-                gb = torch.bmm(b, b.transpose(1, 2))
-                prod = ga.double() * gb.double()  # (a.a)(b.b) may exceed the float32 range
-                res["weight"] = prod.sum(dim=(1, 2)).clamp_min(0.0)
+                gb = self.shared.gram() if self.shared is not None else _gram64(b)
+                # float64 products: (a.a)(b.b) may exceed the float32 range
+                res["weight"] = (ga.double() * gb).sum(dim=(1, 2)).clamp_min(0.0)
             else:
                 self.per_example = torch.bmm(b.transpose(1, 2), a)  # [B, o, d]
                 res["weight"] = _sq(self.per_example, (1, 2))
         if "bias" in self.names:
-            res["bias"] = _sq(b.sum(dim=1), (1,))
+            res["bias"] = (
+                self.shared.bias_sq() if self.shared is not None else _sq(b.sum(dim=1), (1,))
+            )
         return res
 
     def weighted_sum(self, weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -469,6 +487,32 @@ class _SeqLinearGrads:
         if "bias" in self.names:
             res["bias"] = torch.mv(b.sum(dim=1).t(), weights["bias"].to(b.dtype))
         return res
+
+
+def _gram64(b: Tensor) -> Tensor:
+    """``[B, T, T]`` Gram matrices of ``b`` ``[B, T, o]`` over the positions, as float64."""
+    return torch.bmm(b, b.transpose(1, 2)).double()
+
+
+class SharedOutputGrads:
+    """Output gradients ``b`` ``[B, T, o]`` that several affine maps share (an LSTM's
+    ``x W_ih^T`` and ``h W_hh^T`` are added into the same gates): the Gram matrices
+    ``b_i b_i^T`` and the per-example bias gradients ``sum_t b_it`` are formed once."""
+
+    def __init__(self, b: Tensor) -> None:
+        self.b = b
+        self._gram: Tensor | None = None
+        self._bias_sq: Tensor | None = None
+
+    def gram(self) -> Tensor:
+        if self._gram is None:
+            self._gram = _gram64(self.b)
+        return self._gram
+
+    def bias_sq(self) -> Tensor:
+        if self._bias_sq is None:
+            self._bias_sq = _sq(self.b.sum(dim=1), (1,))
+        return self._bias_sq
 
 
 class LinearMapGrads:
@@ -490,8 +534,26 @@ class LinearMapGrads:
         self.params, self.batch = dict(params), batch
         self.parts: list[tuple[Any, LayerGrads]] = []
         spans: dict[str, list[tuple[int, int]]] = {}
+        # maps fed the same output gradients (an LSTM's input and hidden maps both add into
+        # the gates): their Gram matrix and bias gradients are computed once
+        grads_of: dict[tuple[int, ...], list[Tensor]] = {}
+        for raw in calls.values():
+            kept = [g for _, g in raw if g is not None]
+            grads_of.setdefault(tuple(id(g) for g in kept), kept)
+        shared: dict[tuple[int, ...], SharedOutputGrads] = {}
+        for ident, gs in grads_of.items():
+            users = sum(
+                1
+                for raw in calls.values()
+                if tuple(id(g) for _, g in raw if g is not None) == ident
+            )
+            if users > 1 and gs and all(g.ndim >= 3 and g.shape[0] == batch for g in gs):
+                o = int(gs[0].shape[-1])
+                b3 = _cat([upcast(g).reshape(batch, -1, o) for g in gs], dim=1).contiguous()
+                shared[ident] = SharedOutputGrads(b3)
         for key, raw in calls.items():
             w_name, w_rows, b_name, b_rows = key
+            common = shared.get(tuple(id(g) for _, g in raw if g is not None))
             used = [(upcast(x), upcast(g)) for x, g in raw if g is not None]
             names = [n for n, p in (("weight", w_name), ("bias", b_name)) if p in self.params]
             if not used or not names:
@@ -505,7 +567,7 @@ class LinearMapGrads:
                         )
                     spans.setdefault(name, []).append(r)
             d, o = int(used[0][0].shape[-1]), int(used[0][1].shape[-1])
-            self.parts.append((key, _linear_from(used, d, o, names, batch)))
+            self.parts.append((key, _linear_from(used, d, o, names, batch, common)))
 
     def sq_norms(self) -> dict[str, Tensor]:
         dev = next(iter(self.params.values())).device

@@ -1,0 +1,161 @@
+"""The LSTM recurrence of the decomposed layers and the shared output gradients of its maps.
+
+``decomposed._LSTMScan`` runs the LSTM recurrence from the recorded input projection in a
+loop of batched operations (numpy's ``tanh`` on CPU) and back-propagates through time by
+hand; its outputs and the gradients it returns (the gate gradients at the input projection,
+the initial states' gradients) must equal plain autograd through torch's LSTM-cell equations,
+in float64 to 1e-12, with either ``tanh``. ``ghost.SharedOutputGrads`` computes the Gram
+matrices and bias gradients of output gradients that two maps share (an LSTM's input and
+hidden maps) once; the norms and clipped sums must equal those of the maps computed
+separately and those of explicit per-example gradients.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import Tensor, nn  # noqa: E402
+
+from renyi.dpsgd import decomposed, ghost  # noqa: E402
+from renyi.dpsgd.clipping import ClippedGradientEngine  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def _reference(
+    gi: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, b_hh: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """torch's LSTM equations (``nn.LSTM`` documentation) step by step under autograd."""
+    h, c, outs = h0, c0, []
+    for t in range(gi.shape[1]):
+        z = gi[:, t] + h @ w_hh.t() + (0 if b_hh is None else b_hh)
+        i, f, g, o = z.chunk(4, dim=1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        outs.append(h)
+    return torch.stack(outs, dim=1), h, c
+
+
+@pytest.mark.parametrize("numpy_tanh", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("seeded", ["all", "h_n"])
+def test_lstm_scan_equals_autograd_in_float64(
+    numpy_tanh: bool, bias: bool, seeded: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(decomposed, "_NUMPY_TANH", numpy_tanh)
+    g = torch.Generator().manual_seed(3)
+    b, t, hid = 4, 6, 5
+    dt = torch.float64
+
+    def rnd(*shape: int, scale: float = 1.0) -> Tensor:
+        return (scale * torch.randn(*shape, generator=g, dtype=dt)).requires_grad_()
+
+    gi, h0, c0 = rnd(b, t, 4 * hid, scale=2.0), rnd(b, hid), rnd(b, hid)
+    w_hh = torch.randn(4 * hid, hid, generator=g, dtype=dt)
+    b_hh = torch.randn(4 * hid, generator=g, dtype=dt) if bias else None
+    ref = _reference(gi, h0, c0, w_hh, b_hh)
+    got = decomposed._LSTMScan.apply(gi, h0, c0, w_hh, b_hh)
+    for r, o in zip(ref, got, strict=True):
+        torch.testing.assert_close(o, r, rtol=0, atol=1e-12)
+    # upstream gradients on every output, or only on h_n (the others arrive as zeros/None)
+    ups = [torch.randn(r.shape, generator=g, dtype=dt) for r in ref]
+    pick = range(3) if seeded == "all" else (1,)
+    want = torch.autograd.grad([ref[k] for k in pick], [gi, h0, c0], [ups[k] for k in pick])
+    have = torch.autograd.grad([got[k] for k in pick], [gi, h0, c0], [ups[k] for k in pick])
+    for r, o in zip(want, have, strict=True):
+        torch.testing.assert_close(o, r, rtol=0, atol=1e-12)
+        assert o.dtype == dt
+
+
+def test_numpy_tanh_equals_torch_tanh_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(5)
+    gi = 3 * torch.randn(8, 7, 24, generator=g)
+    h0, c0 = torch.randn(8, 6, generator=g), torch.randn(8, 6, generator=g)
+    w_hh, b_hh = torch.randn(24, 6, generator=g), torch.randn(24, generator=g)
+    outs = {}
+    for flag in (True, False):
+        monkeypatch.setattr(decomposed, "_NUMPY_TANH", flag)
+        outs[flag] = decomposed._LSTMScan.apply(gi, h0, c0, w_hh, b_hh)
+    for a, b in zip(outs[True], outs[False], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def _seq_maps(
+    shared: bool, names: tuple[str, ...]
+) -> tuple[list[ghost._SeqLinearGrads], Tensor, list[Tensor]]:
+    g = torch.Generator().manual_seed(11)
+    b, t, d1, d2, o = 5, 7, 3, 4, 8
+    dt = torch.float64
+    xs = [torch.randn(b, t, d, generator=g, dtype=dt) for d in (d1, d2)]
+    grad = torch.randn(b, t, o, generator=g, dtype=dt)
+    common = ghost.SharedOutputGrads(grad) if shared else None
+    maps = [ghost._SeqLinearGrads(x, grad, names, common) for x in xs]
+    return maps, grad, xs
+
+
+@pytest.mark.parametrize("names", [("weight", "bias"), ("weight",)])
+def test_shared_output_grads_equal_separate_maps_and_per_example_gradients(
+    names: tuple[str, ...],
+) -> None:
+    shared, grad, xs = _seq_maps(True, names)
+    alone, _, _ = _seq_maps(False, names)
+    w = torch.rand(grad.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    for m_s, m_a, x in zip(shared, alone, xs, strict=True):
+        assert m_s.use_gram
+        per_example = torch.einsum("bto,btd->bod", grad, x)
+        sq_s, sq_a = m_s.sq_norms(), m_a.sq_norms()
+        torch.testing.assert_close(sq_s["weight"], per_example.pow(2).sum(dim=(1, 2)))
+        torch.testing.assert_close(sq_s["weight"], sq_a["weight"])
+        weights = {n: w for n in names}
+        sum_s, sum_a = m_s.weighted_sum(weights), m_a.weighted_sum(weights)
+        torch.testing.assert_close(sum_s["weight"], torch.einsum("b,bod->od", w, per_example))
+        torch.testing.assert_close(sum_s["weight"], sum_a["weight"])
+        if "bias" in names:
+            torch.testing.assert_close(sq_s["bias"], grad.sum(dim=1).pow(2).sum(dim=1))
+            torch.testing.assert_close(sum_s["bias"], sum_a["bias"])
+
+
+class _LSTMHead(nn.Module):
+    def __init__(self, bias: bool) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(3, 4, bias=bias, batch_first=True)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out, _ = self.rnn(x)
+        return self.fc(out.mean(dim=1))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_lstm_maps_share_their_gate_gradients_and_match_batch_of_one(bias: bool) -> None:
+    """The engine shares the gate gradients between ``weight_ih`` and ``weight_hh`` (one
+    Gram matrix) and its clipped sum equals a float64 batch-of-one loop over torch's own
+    ``nn.LSTM``."""
+    torch.manual_seed(0)
+    model = _LSTMHead(bias).double()
+    x, y = torch.randn(5, 6, 3, dtype=torch.float64), torch.randint(0, 2, (5,))
+    made: list[ghost.SharedOutputGrads] = []
+    real = ghost.SharedOutputGrads.__init__
+
+    def spy(self: ghost.SharedOutputGrads, b: Tensor) -> None:
+        made.append(self)
+        real(self, b)
+
+    engine = ClippedGradientEngine(model, nn.CrossEntropyLoss(), max_grad_norm=0.05)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ghost.SharedOutputGrads, "__init__", spy)
+        sums, _, norms = engine.clipped_grad_sum(x, y)
+    assert engine.mode == "ghost" and made  # (the first batch's independence check makes more)
+    want = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+    for i in range(x.shape[0]):
+        model.zero_grad()
+        nn.CrossEntropyLoss()(model(x[i : i + 1]), y[i : i + 1]).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}  # type: ignore[union-attr]
+        norm = torch.sqrt(sum(g.pow(2).sum() for g in grads.values()))
+        torch.testing.assert_close(norms[i], norm, rtol=1e-9, atol=1e-12)
+        scale = torch.clamp(0.05 / (norm * (1 + 1e-6)), max=1.0)
+        for n in want:
+            want[n] += scale * grads[n]
+    for n in want:
+        torch.testing.assert_close(sums[n], want[n], rtol=1e-6, atol=1e-12)
