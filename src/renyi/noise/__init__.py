@@ -127,7 +127,11 @@ def lattice_step(scale: float) -> float:
     >>> lattice_step(1.0), lattice_step(0.3), lattice_step(1000.0)
     (0.125, 0.03125, 64.0)
     """
-    s = _check_scale("scale", scale)
+    return _step(_check_scale("scale", scale))
+
+
+def _step(s: float) -> float:
+    """:func:`lattice_step` of a checked scale (a finite float >= 0)."""
     if s == 0.0:
         return 2.0**-970
     _, e = math.frexp(s)  # s = m 2**e, m in [1/2, 1)
@@ -440,7 +444,7 @@ def _release_flat_checked(
     device_path: bool | None,
 ) -> Any:
     n = int(x.numel()) if ops.torch else int(x.size)
-    g = lattice_step(scale)
+    g = _step(scale)
     s = scale / g  # exact: g is a power of two
     big = float(ops.xp.finfo(out_dtype).max)
     if ops.torch:
@@ -539,7 +543,7 @@ def _release_compiled(
     Checks finiteness itself (keyed bits: in the same pass; nothing is released)."""
     if not _USE_FUSED or not _fused.available():
         return None
-    g = lattice_step(scale)
+    g = _step(scale)
     s = scale / g  # exact: g is a power of two
     narrow = 2.0**-100 <= g <= 2.0**100  # float32 arithmetic is exact for the narrow dtypes
     if where == "torch":
@@ -564,6 +568,8 @@ def _release_compiled(
     xs = np.ascontiguousarray(arr.reshape(-1))
     if xs.dtype.kind in "iu":
         xs = xs.astype(np.float64)
+    elif not xs.flags.writeable:  # one compiled variant: a copy, not a second compilation
+        xs = xs.copy()
     if not (xs.dtype == np.float64 or (narrow and xs.dtype == np.float32)):
         return None
     res = np.empty(xs.shape, dtype=xs.dtype)
@@ -883,7 +889,10 @@ def _release(
     kind: str, value: Any, scale: Any, make_bits: Any, offset: int = 0, given: Any = None
 ) -> Any:
     """Checks, then the release of ``value`` (any kind) with bits from ``make_bits()``."""
-    s = _check_scale("sigma" if kind == "gaussian" else "scale", scale)
+    if type(scale) is float and 0.0 <= scale < math.inf:  # checked by the caller already
+        s = scale
+    else:
+        s = _check_scale("sigma" if kind == "gaussian" else "scale", scale)
     where, arr = _check_value(value, finite=False)
     if given is not None:
         noise_in = given.noise if isinstance(given, _Combination) else given
