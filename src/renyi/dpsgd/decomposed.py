@@ -357,6 +357,8 @@ class _LSTMScan(torch.autograd.Function):
                 h = torch.mul(a_o[t], tc_all[t], out=h_all[t])
         ctx.save_for_backward(acts, cs, tcs, w)
         ctx.dtypes = (h0.dtype, c0.dtype)
+        # outputs the loss does not use get None, not materialised zeros (a classifier on h_n)
+        ctx.set_materialize_grads(False)
         return hs.transpose(0, 1), hs[-1].clone(), cs[steps].clone()
 
     @staticmethod
@@ -370,10 +372,14 @@ class _LSTMScan(torch.autograd.Function):
         # gate-major contiguous copy: the vectorised products below then run on dense memory
         i, f, g, o = acts.view(steps, batch, 4, hid).permute(2, 0, 1, 3).contiguous()
         # local derivatives, vectorised over all steps: dz_{i,f,g} = dc * m3, dz_o = dh * m_o
-        m3 = torch.cat([g * i * (1 - i), cs[:-1] * f * (1 - f), i * (1 - g * g)], dim=2)
-        m3_t = m3.view(steps, batch, 3, hid).unbind(0)
-        m_o = (tcs * o * (1 - o)).unbind(0)
-        k = (o * (1 - tcs * tcs)).unbind(0)  # dh -> dc
+        m3 = torch.empty(steps, batch, 3, hid, dtype=dt, device=acts.device)
+        m_i, m_f, m_g = m3.unbind(2)
+        torch.mul(g, i - i * i, out=m_i)
+        torch.mul(cs[:-1], f - f * f, out=m_f)
+        torch.addcmul(i, i, g * g, value=-1, out=m_g)
+        m3_t = m3.unbind(0)
+        m_o = (tcs * (o - o * o)).unbind(0)
+        k = torch.addcmul(o, o, tcs * tcs, value=-1).unbind(0)  # dh -> dc
         f_t = f.unbind(0)
         dh = torch.zeros(batch, hid, dtype=dt, device=acts.device) if g_h is None else g_h.to(dt)
         dc = torch.zeros(batch, hid, dtype=dt, device=acts.device) if g_c is None else g_c.to(dt)
