@@ -133,14 +133,32 @@ def test_gopa_run_default_protocol_refuses_a_zero_noise_server(capsys):
     assert s["status"] == "aborted"
     assert s["reason"].count("sigma_eta = 0.0 < its minimum") == 5
     assert d["epsilon_worst_case"] <= d["epsilon_target"] == 1.0
+    # the reported epsilon is the worst case the parties verify (issue item 4), not one
+    # random honest set: the star bound of the pinned (sigma_eta, sigma_delta, t, c), which
+    # is above the exact worst over every coalition and survivor list of this cohort
+    from renyi.analysis.closed_forms import gaussian_epsilon
+    from renyi.federated.secagg_accounting import (
+        exhaustive_worst_mu,
+        harary_neighbours,
+        worst_case_mu,
+    )
+
+    se, sd, t, c = d["sigma_eta"], d["sigma_delta"], d["threshold"], d["max_corrupt"]
+    assert d["mu_worst_case"] == pytest.approx(worst_case_mu(se, sd, t, c), rel=1e-12)
+    assert d["epsilon_worst_case"] == pytest.approx(gaussian_epsilon(d["mu_worst_case"], 1e-5))
+    exact = exhaustive_worst_mu(
+        harary_neighbours(list(range(5)), d["peers"]), se, sd, threshold=t, corrupt=c,
+        min_survivors=d["min_survivors"],
+    )  # fmt: skip
+    assert 0.75 * d["mu_worst_case"] <= exact <= d["mu_worst_case"] * (1 + 1e-12)
 
 
 def test_gopa_run_honours_its_timeout_during_setup(capsys):
     """``--timeout`` bounds the whole command, setup included: 1000 parties' keys take
-    about 2 s to make, so a 0.5 s limit ends while they are being made, with our error
-    naming the limit and what was under way, before any process starts (before the fix
-    the limit was only passed to the ServerApp: keys, SuperLink and 1000 forked nodes
-    were all started first)."""
+    0.5-2 s to make and write (1000 files), so a 0.05 s limit ends before they are all made,
+    with our error naming the limit and what was under way, before any process starts
+    (before the fix the limit was only passed to the ServerApp: keys, SuperLink and 1000
+    forked nodes were all started first; with 0.5 s, start was reached after 4.6 s)."""
     pytest.importorskip("flwr")
     import time
 
@@ -151,7 +169,7 @@ def test_gopa_run_honours_its_timeout_during_setup(capsys):
     fd.LocalDeployment.start = lambda self: started.append(self) or real_start(self)  # type: ignore[method-assign]
     try:
         t0 = time.monotonic()
-        code = main(["federated", "gopa-run", "--parties", "1000", "--timeout", "0.5", "--json"])
+        code = main(["federated", "gopa-run", "--parties", "1000", "--timeout", "0.05", "--json"])
         took = time.monotonic() - t0
     finally:
         fd.LocalDeployment.start = real_start  # type: ignore[method-assign]
@@ -159,7 +177,8 @@ def test_gopa_run_honours_its_timeout_during_setup(capsys):
     assert code == 2 and "Traceback" not in captured.err
     assert not captured.out
     err = json.loads(captured.err)["error"]
-    assert "timeout=0.5 s ran out while" in err and "nothing was released" in err, err
+    assert "timeout=0.05 s ran out while" in err and "nothing was released" in err, err
+    assert "the parties' key" in err, err  # making or writing them, not starting processes
     assert not started  # no SuperLink, no node
     assert took < 30  # keys stop at the limit (2 ms each), not after all of them
 

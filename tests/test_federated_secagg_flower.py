@@ -199,3 +199,43 @@ def test_deployment_200_sessions_stopped_by_the_parties_budgets() -> None:
     assert second.released == 0
     last = second.sessions[-1]
     assert last["status"] == "aborted" and "budget" in last["reason"]
+
+
+@pytest.mark.slow
+def test_k10_deployment_is_long_lived_and_cheap() -> None:
+    """The issue's last row (deployed K = 10: 112-226 s, ~74 Python processes, a ClientApp
+    process per message, 3 s polls). Double-masked GOPA, K = 10, 6 peers, t = 4: released
+    over every party; the same 10 node processes answer every round (no process per
+    message: each node's pid is alive from the first progress line to the last); the
+    whole deployment's CPU (SuperLink, SuperExec, ServerApp, nodes, submission) stays under
+    40 s (measured 12-15 s, benchmarks/gopa.py; ~74 processes at ~1.5 s each before). Wall
+    time is printed with the load, never asserted (it depends on the machine's load)."""
+    import time
+
+    values = np.linspace(0.05, 0.95, 10).tolist()
+    policy = PartyPolicy(
+        epsilon=2.0, delta=1e-5, min_sigma_eta=0.5, min_cohort=6, min_peers=6, max_corrupt=1
+    )
+    seen: dict[str, set[int]] = {}
+
+    def on_status(line: str, nodes: list[NodeProcess]) -> None:
+        seen[line] = {p.pid for p in nodes if p.poll() is None}
+
+    started = time.monotonic()
+    (run,) = run_secagg_deployment(
+        values,
+        policy,
+        [{"sigma-eta": 2.0, "sigma-delta": 10.0, "peers": 6, "threshold": 4, "min-survivors": 6}],
+        budget_epsilon=10.0,
+        budget_delta=1e-5,
+        on_status=on_status,
+    )
+    took = time.monotonic() - started
+    (s,) = run.sessions
+    assert s["status"] == "released", s
+    assert len(s["included"]) == 10
+    lines = list(seen)
+    assert lines[0] == "nodes 10" and lines[-1] == "released", lines
+    assert all(len(pids) == 10 and pids == seen[lines[0]] for pids in seen.values())
+    assert sum(run.cpu_seconds.values()) < 40.0, run.cpu_seconds
+    print(f"K=10 double-masked deployment: {took:.1f} s at load {os.getloadavg()[0]:.1f}")
