@@ -1,8 +1,12 @@
 """A real Flower deployment on loopback, started and stopped by the caller.
 
 :class:`LocalDeployment` starts ``flower-superlink`` (plain HTTP on 127.0.0.1) and one node
-process per ``node_configs`` entry, runs ServerApps on it with ``flwr run`` and stops every
-process it started (whole process groups) when the ``with`` block ends, also on errors.
+process per ``node_configs`` entry, submits runs of a ServerApp to it (what ``flwr run``
+does, done in this process with Flower's own FAB builder and Control API client: ``flwr
+run`` is a new process that spends ~1.5 s of CPU importing Flower's CLI first; the
+program is used if this Flower lacks those modules) and stops every process it started
+(whole process groups; the nodes before the SuperLink, so they deregister while it still
+answers) when the ``with`` block ends, also on errors.
 
 Nodes are :mod:`renyi.federated.flower_node` processes by default (one long-lived process
 per party running its pinned ``ClientApp``; see that module for why), forked by one
@@ -15,8 +19,10 @@ processes: ``flwr run`` with ``--federation-config num-supernodes=K`` runs the S
 and K simulated nodes on Flower's Ray engine, in one backend worker; the supported
 replacement of the deprecated ``flwr.simulation.run_simulation``). The SuperLink's
 SuperExec, which starts the ServerApp process of a run, polls for work every
-``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` seconds (Flower's own setting; 1 s by default, 0.1 s
-here). Flower telemetry and Ray usage statistics are off in every process.
+``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` seconds (Flower's own setting; 1 s by default,
+``superexec_poll`` = 0.5 s here: every poll is an HTTP request the SuperLink answers for
+the deployment's whole life). A ``deadline`` (:class:`Deadline`) bounds everything: keys,
+start, runs. Flower telemetry and Ray usage statistics are off in every process.
 
 Example (needs Flower; ~10 s of CPU)::
 
@@ -229,6 +235,47 @@ def deployment_files(
     return roster, roster_file, configs
 
 
+def _control_api() -> Any:
+    """Flower's FAB builder and Control API client (``flwr run``'s own pieces), imported
+    once, or ``None`` if this Flower lacks them (then runs are submitted with the ``flwr
+    run`` program: a new process that spends ~1.5 s of CPU importing Flower's CLI before it
+    submits; in this process the submission takes ~0.05 s). Not Flower's documented API;
+    tested with flwr 1.42.0."""
+    global _CONTROL
+    if _CONTROL is None:
+        try:
+            from types import SimpleNamespace
+
+            from flwr.cli.build import build_fab_from_disk
+            from flwr.cli.cli_client_interceptor import CliClientHttpInterceptor
+            from flwr.common.serde import fab_to_proto, user_config_to_proto
+            from flwr.proto.control_pb2 import StartRunRequest
+            from flwr.supercore.control.control_http_client import ControlHttpClient
+            from flwr.supercore.fab import Fab
+            from flwr.supercore.interceptors.http.runtime_version import (
+                RuntimeVersionHttpInterceptor,
+            )
+            from flwr.supercore.utils import simulation_config_from_json
+        except ImportError:
+            _CONTROL = False
+        else:
+            _CONTROL = SimpleNamespace(
+                build_fab_from_disk=build_fab_from_disk,
+                CliClientHttpInterceptor=CliClientHttpInterceptor,
+                fab_to_proto=fab_to_proto,
+                user_config_to_proto=user_config_to_proto,
+                StartRunRequest=StartRunRequest,
+                ControlHttpClient=ControlHttpClient,
+                Fab=Fab,
+                RuntimeVersionHttpInterceptor=RuntimeVersionHttpInterceptor,
+                simulation_config_from_json=simulation_config_from_json,
+            )
+    return _CONTROL or None
+
+
+_CONTROL: Any = None
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -334,7 +381,9 @@ class LocalDeployment:
     :data:`SIMULATED_NODES_KEY`. ``deadline``: a time limit for everything the deployment
     does (start, runs); once it passes, :class:`DeploymentTimeoutError` (the ``with`` block
     then stops every process). Real nodes are processes on this machine: at most
-    :data:`MAX_LOCAL_NODES` (``simulation=True`` for more).
+    :data:`MAX_LOCAL_NODES` (``simulation=True`` for more). ``first_poll``/``max_poll``:
+    each renyi node's polling of the SuperLink (:class:`renyi.federated.flower_node.Poll`);
+    ``superexec_poll``: the SuperExec's (module docstring).
     """
 
     def __init__(
@@ -345,9 +394,11 @@ class LocalDeployment:
         node: NodeKind = "renyi",
         start: NodeStart = "fork",
         simulation: bool = False,
-        max_poll: float = 0.2,
+        max_poll: float = 1.0,
+        first_poll: float = 0.1,
         workdir: Path | None = None,
         deadline: Deadline | None = None,
+        superexec_poll: float = 0.5,
     ) -> None:
         if node not in ("renyi", "flower-supernode"):
             raise fail("node", node, "'renyi' or 'flower-supernode'")
@@ -365,12 +416,14 @@ class LocalDeployment:
                 " (simulation=True runs more on Flower's simulation engine)",
             )
         self.deadline = deadline
+        check_positive("superexec_poll", superexec_poll)
         self.node_configs = [dict(c) for c in node_configs]
         self.client_app = client_app
         self.node_kind = node
         self.start_method: NodeStart = start
         self.simulation = bool(simulation)
         self.max_poll = check_positive("max_poll", max_poll)
+        self.first_poll = check_positive("first_poll", first_poll)
         self._own_dir = workdir is None
         self.workdir = Path(tempfile.mkdtemp(prefix="renyi-flwr-")) if workdir is None else workdir
         self.port = 0
@@ -384,7 +437,7 @@ class LocalDeployment:
             **os.environ,
             **TELEMETRY_OFF,
             "FLWR_HOME": str(self.workdir / "flwr"),
-            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": repr(superexec_poll),
             "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
         }
 
@@ -437,6 +490,7 @@ class LocalDeployment:
             "superlink.log",
         )
         address = f"127.0.0.1:{self.port}"
+        _control_api()  # imported here while the SuperLink starts, not when a run is submitted
         if self.simulation:
             nodes = self.workdir / "simulated-nodes.json"
             nodes.touch(mode=0o600)  # the parties' node configs (paths to their key files)
@@ -453,7 +507,7 @@ class LocalDeployment:
             self._check_time(f"starting the nodes ({i} of {len(self.node_configs)} started)")
             conf = " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())
             if self.node_kind == "renyi":
-                cmd = [*self._node_command(address), "--max-poll", repr(self.max_poll)]
+                cmd = [*self._node_command(address), *self._poll_args()]
             else:
                 cmd = [
                     _tool("flower-supernode"),
@@ -479,6 +533,9 @@ class LocalDeployment:
             self.client_app,
         ]
 
+    def _poll_args(self) -> list[str]:
+        return ["--max-poll", repr(self.max_poll), "--first-poll", repr(self.first_poll)]
+
     def _fork_nodes(self, address: str) -> None:
         for cfg in self.node_configs:
             for v in cfg.values():
@@ -500,8 +557,7 @@ class LocalDeployment:
         self.launcher = self._spawn(
             [
                 *self._node_command(address),
-                "--max-poll",
-                repr(self.max_poll),
+                *self._poll_args(),
                 "--nodes-file",
                 str(spec),
             ],
@@ -576,22 +632,30 @@ class LocalDeployment:
         for name, text in (app_files or {}).items():
             (app / name).write_text(text)
         started = time.monotonic()
-        before = _children_cpu()
-        try:
-            subprocess.run(
-                submit,
-                env=self.env,
-                cwd=app,
-                check=True,
-                capture_output=True,
-                timeout=min(timeout, 120.0),
-            )
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-            self._check_time("submitting a run")
-            tail = (exc.stderr or b"")[-500:].decode(errors="replace") if exc.stderr else ""
-            raise DeploymentError(f"'flwr run' failed ({exc}); {tail}") from None
-        finally:
-            self._submit_cpu += _children_cpu() - before
+        control = _control_api()
+        if control is not None:
+            before = time.process_time()
+            try:
+                self._submit_in_process(control, app)
+            finally:
+                self._submit_cpu += time.process_time() - before
+        else:
+            before = _children_cpu()
+            try:
+                subprocess.run(
+                    submit,
+                    env=self.env,
+                    cwd=app,
+                    check=True,
+                    capture_output=True,
+                    timeout=min(timeout, 120.0),
+                )
+            except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+                self._check_time("submitting a run")
+                tail = (exc.stderr or b"")[-500:].decode(errors="replace") if exc.stderr else ""
+                raise DeploymentError(f"'flwr run' failed ({exc}); {tail}") from None
+            finally:
+                self._submit_cpu += _children_cpu() - before
         seen, serverapp_seen, check_at = 0, False, 0.0
         while True:
             if time.monotonic() > check_at:  # a ServerApp that died without a result
@@ -623,6 +687,53 @@ class LocalDeployment:
                 self._check_time("waiting for the ServerApp's result")
                 raise DeploymentError(f"no result from the ServerApp within {timeout} s")
             time.sleep(0.02)
+
+    def _submit_in_process(self, control: Any, app: Path) -> None:
+        """What ``flwr run <app> loopback`` does, in this process: build the app bundle
+        (FAB) with Flower's builder and start the run through the SuperLink's Control API
+        with Flower's client (the run config is in the bundle)."""
+        import hashlib
+
+        try:
+            fab_bytes = control.build_fab_from_disk(app)
+            fab = control.Fab(hashlib.sha256(fab_bytes).hexdigest(), fab_bytes, {})
+            federation = None
+            if self.simulation:
+                federation = control.simulation_config_from_json(
+                    {
+                        "num_supernodes": len(self.node_configs),
+                        "client_resources_num_cpus": 1,
+                        "client_resources_num_gpus": 0,
+                        "init_args_num_cpus": 1,
+                        "init_args_num_gpus": 0,
+                    }
+                )
+            client = control.ControlHttpClient.from_server_address(
+                server_address=f"127.0.0.1:{self.port}",
+                insecure=True,
+                root_certificates=None,
+                interceptors=[
+                    control.CliClientHttpInterceptor(),
+                    control.RuntimeVersionHttpInterceptor(component_name="flwr CLI"),
+                ],
+            )
+            try:
+                res = client.StartRun(
+                    control.StartRunRequest(
+                        fab=control.fab_to_proto(fab),
+                        override_config=control.user_config_to_proto({}),
+                        override_federation_config=federation,
+                    )
+                )
+            finally:
+                client.close()
+        except Exception as exc:  # Flower's client raises its own and httpx's errors
+            self._check_time("submitting a run")
+            raise DeploymentError(
+                f"submitting the run failed: {type(exc).__name__}: {exc}"
+            ) from None
+        if not res.HasField("run_id"):
+            raise DeploymentError("the SuperLink started no run (StartRun gave no run id)")
 
     def _log_tail(self, name: str, chars: int = 800) -> str:
         try:
@@ -681,7 +792,14 @@ class LocalDeployment:
         procs: list[NodeProcess] = [*self.nodes]
         procs += [p for p in (self.launcher, self.superlink) if p is not None]
         others = _descendants({p.pid for p in procs}) - {p.pid for p in procs}
-        _stop(procs)
+        if self.superlink is not None:  # its SuperExec and ServerApps hold nothing of ours;
+            below = _descendants({self.superlink.pid}) - {self.superlink.pid}
+            for pid in below:  # killed first, the SuperLink need not wait 1 s for them
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        # nodes first: they deregister while the SuperLink still answers, then the SuperLink
+        _stop([p for p in procs if p is not self.superlink])
+        _stop([p for p in procs if p is self.superlink])
         for pid in others:  # a ServerApp still running (a run that failed or timed out)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)

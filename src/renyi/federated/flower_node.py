@@ -96,15 +96,19 @@ __all__ = ["NodeStats", "Poll", "fork_nodes", "load_client_app", "main", "run_no
 @dataclass(frozen=True)
 class Poll:
     """Idle polling of the SuperLink: ``first`` seconds after a message, growing by
-    ``factor`` per empty answer up to ``cap``. The worst added latency of a message is
-    ``cap``; an idle node makes about ``1/cap`` requests per second. Each poll is an HTTP
-    request the SuperLink answers in Python (a few ms of its CPU): a relayed round's next
-    message needs every party's reply first, so polling sooner than ``first`` (20 ms)
-    after a reply only loads the SuperLink. Objects of a message being received are
-    retried after 5 ms instead (they are pushed right after the message)."""
+    ``factor`` per empty answer up to ``cap``. A message waits at most about a third of
+    the time since the node's last message (``factor`` 1.5), and at most ``cap``; an idle
+    node makes about ``1/cap`` requests per second. Each poll is an HTTP request the
+    SuperLink answers in Python (3-5 ms of its CPU, all of Flower's HTTP stack): a relayed
+    round's next message needs every party's reply and the ServerApp's work first (0.3-3 s
+    at K = 10 on 2 cores), so polling sooner than ``first`` (0.1 s) after a reply only
+    loads the SuperLink, which on a loaded machine is what every round waits for
+    (``benchmarks/gopa.py``: K = 10 double-masked GOPA, 0.02 s / 0.2 s before). Objects of
+    a message being received are retried after 5 ms instead (they are pushed right after
+    the message)."""
 
-    first: float = 0.02
-    cap: float = 0.2
+    first: float = 0.1
+    cap: float = 1.0
     factor: float = 1.5
 
     def __post_init__(self) -> None:
@@ -320,7 +324,7 @@ def _serve_launcher(args: argparse.Namespace, certs: bytes | None) -> None:
         nodes,
         insecure=bool(args.insecure),
         root_certificates=certs,
-        poll=Poll(cap=args.max_poll),
+        poll=Poll(first=args.first_poll, cap=args.max_poll),
         max_wait_time=args.max_wait_time,
     )
 
@@ -358,6 +362,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--insecure", action="store_true", help="plain HTTP (loopback only)")
     ap.add_argument("--root-certificates", default=None, help="PEM CA file for TLS")
     ap.add_argument("--max-poll", type=float, default=Poll.cap, help="idle poll cap (s)")
+    ap.add_argument(
+        "--first-poll", type=float, default=Poll.first, help="first poll after a message (s)"
+    )
     ap.add_argument("--max-wait-time", type=float, default=None)
     return ap.parse_args(argv)
 
@@ -387,7 +394,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg,
         insecure=bool(args.insecure),
         root_certificates=certs,
-        poll=Poll(cap=args.max_poll),
+        poll=Poll(first=args.first_poll, cap=args.max_poll),
         stop=stop,
         max_wait_time=args.max_wait_time,
     )

@@ -52,6 +52,7 @@ from renyi.errors import RenyiError
 from renyi.federated.relay import Outcome, PartyEndpoint, Payload, Round, ServerDriver
 
 __all__ = [
+    "SERVER_MAX_POLL",
     "RelayStats",
     "payload_size",
     "relay_client_app",
@@ -83,6 +84,11 @@ def _fast_grid_pulls(first: float, cap: float) -> None:
     if getattr(http_grid, "pull_objects", None) is pull_objects:
         http_grid.pull_objects = partial(pull_objects, initial_backoff=first, backoff_cap=cap)
 
+
+SERVER_MAX_POLL = 0.2
+"""The ServerApp's longest wait between two pulls of the replies it awaits (seconds;
+``max-poll`` in the run config of :mod:`~renyi.federated.secagg_flower` and
+:mod:`~renyi.federated.gopa_flower` changes it)."""
 
 RECORD = "renyi-relay"
 _HEAD = "relay."
@@ -345,7 +351,7 @@ def relay_over_grid(
     min_nodes: int | None = None,
     timeout: float = 120.0,
     grace: float = 5.0,
-    max_poll: float = 0.05,
+    max_poll: float = SERVER_MAX_POLL,
     status_file: Path | None = None,
 ) -> tuple[Outcome, RelayStats]:
     """Run ``driver`` over ``grid`` (module docstring); returns its outcome and the relay's

@@ -67,7 +67,7 @@ from renyi.federated.flower_deploy import (
     deployment_files,
     write_result,
 )
-from renyi.federated.flower_relay import relay_client_app, relay_over_grid
+from renyi.federated.flower_relay import SERVER_MAX_POLL, relay_client_app, relay_over_grid
 from renyi.federated.gopa_party import ProtocolAbortedError
 from renyi.federated.relay import Outcome, Payload, Round, ScriptedDriver
 from renyi.federated.secagg import PartyPolicy, SecAggParty, SecAggServer, SessionProposal
@@ -334,6 +334,7 @@ def serve(grid: Grid, config: Mapping[str, Any]) -> dict[str, Any]:
             expected_nodes=len(roster),
             timeout=float(config.get("timeout", 120)),
             grace=float(config.get("grace", 5)),
+            max_poll=float(config.get("max-poll", SERVER_MAX_POLL)),
             status_file=status,
         )
         for total, part in ((sent, stats.bytes_sent), (received, stats.bytes_received)):
