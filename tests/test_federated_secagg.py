@@ -525,3 +525,16 @@ def test_rounded_gaussian_needs_less_noise_than_ddg_at_the_same_worst_case() -> 
     ddg, via_rdp = least(ddg_ok), least(rdp_ok)
     assert 1.05 < ddg / gauss < 1.12
     assert abs(ddg / via_rdp - 1) < 0.01
+
+
+def test_ddg_points_to_the_double_masked_workflow_not_secagg_plus() -> None:
+    """Row 9, second half (the DDG docstring pointed to Flower's SecAgg+ for dropout
+    recovery, which cannot carry client-side noise under DpFedAvgStrategy): it now sends
+    DP-FedAvg under secure aggregation to ``secure_fedavg`` and says SecAgg+ cannot."""
+    from renyi.federated import ddg, secure_fedavg
+
+    doc = " ".join((ddg.__doc__ or "").split())
+    assert ":mod:`renyi.federated.secure_fedavg`" in doc
+    assert "SecAgg+ workflow cannot carry client-side noise" in doc
+    assert "dropouts are recovered without unmasking anyone" in doc
+    assert secure_fedavg.SecureDpFedAvg.__doc__  # the workflow it names exists
