@@ -114,9 +114,10 @@ def test_banded_allocation_against_monte_carlo_both_directions(bands, rounds, ep
     assert lower <= ours  # the certified lower bound of the same pair sits below
 
 
-def test_k_of_m_allocation_is_sound_not_tight():
-    """k = 2 of m: the decomposition (k runs of 1-of-⌊m/k⌋) is an upper bound; its gap to
-    Monte Carlo is measured (docs/correlated.md), not hidden."""
+def test_k_of_m_allocation_against_monte_carlo():
+    """k = 2 of m = 6: the whole k-of-m pair (renyi.analysis.allocation_multi) is what the
+    plan's event is priced with — above the Monte Carlo interval's low end and within 2 % of
+    its estimate (the block decomposition it replaces was 10 % above)."""
     bands, rounds, epochs, sigma = 2, 6, 2, 0.9
     t = bands * rounds * epochs
     strategy = optimize_banded(t, bands)
@@ -126,12 +127,12 @@ def test_k_of_m_allocation_is_sound_not_tight():
     )  # fmt: skip
     assert plan.step_event == RandomAllocationEvent(rounds, GaussianEvent(sigma), 2)
     blocks = _epoch_blocks(strategy.matrix(t), bands, rounds, epochs, 0, k=2)
-    _est, lo, hi = mixture_epsilon_monte_carlo(
+    est, lo, _hi = mixture_epsilon_monte_carlo(
         blocks, sigma * plan.sensitivity.value, DELTA, samples=100_000, confidence=CONF,
         rng=np.random.default_rng(9),
     )  # fmt: skip
     ours = _epsilon(plan)
-    assert lo <= ours < 1.3 * hi
+    assert lo <= ours <= 1.02 * est
 
 
 def test_blt_fixed_bins_bound_dominates_the_scalar_random_bin_pair():

@@ -583,11 +583,14 @@ def allocation_pld(
     tail_mass: float = 1e-15,
     max_points: int = DEFAULT_MAX_POINTS,
     max_bins: int = DEFAULT_MAX_BINS,
+    whole_pair: bool = True,
 ) -> tuple[PrivacyLossDistribution, PrivacyLossDistribution]:
     """PLDs ``(remove, add)`` of one epoch of random ``k``-out-of-``t`` allocation: upper
     bounds in both directions (module docstring); ``k > 1`` by the composition of
     1-out-of-``m`` allocations over the blocks of :func:`allocation_blocks` (sizes
-    ``⌊t/k⌋`` and ``⌈t/k⌉``)."""
+    ``⌊t/k⌋`` and ``⌈t/k⌉``) or, where it is affordable (few steps, ``k <= 3``) and
+    ``whole_pair``, the tighter of that and the whole ``k``-of-``t`` pair of
+    :mod:`renyi.analysis.allocation_multi`."""
     t, k = check_steps_selected(num_steps, num_selected)
     h, tm = value_discretization_interval, tail_mass
     gauss = PrivacyLossDistribution.gaussian(
@@ -595,7 +598,7 @@ def allocation_pld(
     )
     if k > 1:
         sigma = check_positive("noise_multiplier", noise_multiplier)
-        return _blocks_pld(t, k, sigma, gauss, h, tm, max_points, max_bins)
+        return _blocks_pld(t, k, sigma, gauss, h, tm, max_points, max_bins, whole_pair)
     m = t
     if m == 1:  # every step holds the record: k runs of the Gaussian, exactly
         return gauss, gauss
@@ -624,10 +627,12 @@ def _blocks_pld(
     tm: float,
     max_points: int,
     max_bins: int,
+    whole_pair: bool = True,
 ) -> tuple[PrivacyLossDistribution, PrivacyLossDistribution]:
     """``k > 1``: the composition over the blocks of :func:`allocation_blocks` of their
-    1-out-of-``size`` PLDs (a block of one step is the Gaussian), or the record's ``k``
-    Gaussian runs where those are tighter at both reference δs."""
+    1-out-of-``size`` PLDs (a block of one step is the Gaussian); the whole pair (if
+    ``whole_pair`` and affordable) or the record's ``k`` Gaussian runs where those are
+    tighter at both reference δs."""
     rem: PrivacyLossDistribution | None = None
     add: PrivacyLossDistribution | None = None
     for size, count in allocation_blocks(t, k):
@@ -644,9 +649,31 @@ def _blocks_pld(
         rem = b_rem if rem is None else rem.compose(b_rem)
         add = b_add if add is None else add.compose(b_add)
     assert rem is not None and add is not None
-    gk = gauss.self_compose(k, max_bins=max_bins)
     deltas = np.array(_REFERENCE_DELTAS)
-    ours = np.maximum(rem.epsilon_for_delta(deltas).upper, add.epsilon_for_delta(deltas).upper)
+
+    def worst(pair: tuple[PrivacyLossDistribution, PrivacyLossDistribution]) -> FloatArray:
+        out: FloatArray = np.maximum(
+            pair[0].epsilon_for_delta(deltas).upper, pair[1].epsilon_for_delta(deltas).upper
+        )
+        return out
+
+    best = (rem, add)
+    ours = worst(best)
+    # the whole k-of-t pair (renyi.analysis.allocation_multi), where it is affordable: kept
+    # where its epsilons at the reference deltas add up to less (a choice between two sound
+    # bounds, made before any query)
+    from renyi.analysis.allocation_multi import multi_allocation_pld
+
+    whole = (
+        multi_allocation_pld(t, sigma, k, value_discretization_interval=h, tail_mass=tm)
+        if whole_pair
+        else None
+    )
+    if whole is not None:
+        theirs = worst(whole)
+        if float(np.sum(theirs)) < float(np.sum(ours)):  # the smaller sum over both δs
+            best, ours = whole, theirs
+    gk = gauss.self_compose(k, max_bins=max_bins)
     if np.all(gk.epsilon_for_delta(deltas).upper < ours):
         return gk, gk
-    return rem, add
+    return best
