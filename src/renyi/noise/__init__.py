@@ -666,7 +666,8 @@ def _release_fused(
         word = int(words[i]) & 0xFFFFFFFFFFFFFFFF
         main = (word & 0xFFFFFFFF, word >> 32) if gauss else (word & 0xFFFFFFFF, 0)
         which = (int(idx[i]) + offset) % uv
-        js[i] = _exact.decide_exact(kind, float(f[i]), s, main, ext, which)
+        fi = _tier3_f(float(xf[i]), g, float(f[i]))
+        js[i] = _exact.decide_exact(kind, fi, s, main, ext, which)
     _fused.write_exact(xs, idx, js, g, big, res)
 
 
@@ -689,6 +690,17 @@ def _exact_f(x: Any, g: float) -> np.ndarray:
         t = _np(x).astype(np.float64) / g
         f = t - np.rint(t)
     return np.where(np.isnan(f), 0.0, f)
+
+
+def _tier3_f(x: float, g: float, f: float) -> Any:
+    """The exact fractional part for tier 3: ``f`` itself, or, where ``|x| <= g/2`` (there
+    ``f = x/g``, which may have underflowed in float64: a subnormal ``x``, ``g > 1``), ``x/g``
+    as an exact mpmath number."""
+    if abs(x) > 0.5 * g or x == 0.0:
+        return f
+    import mpmath
+
+    return mpmath.ldexp(mpmath.mpf(x), -math.frexp(g)[1] + 1)
 
 
 def _settle_flagged(
@@ -724,7 +736,8 @@ def _settle_flagged(
             return int(e1[0]), int(e2[0])
 
         main = (int(w1[i]), 0 if w2 is None else int(w2[i]))
-        j[i] = _exact.decide_exact(kind, float(f[i]), s, main, ext, int(which[i]))
+        fi = _tier3_f(float(_np(xs[i : i + 1])[0]), g, float(f[i]))
+        j[i] = _exact.decide_exact(kind, fi, s, main, ext, int(which[i]))
     cd = _compute_dtype(x.dtype, g, ops)
     xc = ops.to(xs, cd)
     if ops.torch:

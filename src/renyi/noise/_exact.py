@@ -122,7 +122,7 @@ def _interval_z(
 
 def decide_exact(
     kind: str,
-    f: float,
+    f: Any,
     s: float,
     main: tuple[int, int],
     ext: Callable[[int], tuple[int, int]],
@@ -130,7 +130,8 @@ def decide_exact(
 ) -> float:
     """Tier 3: the exact ``J = round(f + s Z)`` for one value (interval refinement).
 
-    ``main = (w1, w2)`` are its main words (``w2`` unused for the Laplace); ``ext(level)``
+    ``f``: the exact fractional part (a float, or an mpmath number where ``x/g`` underflows
+    a float). ``main = (w1, w2)`` are its main words (``w2`` unused for the Laplace); ``ext(level)``
     returns the two 32-bit extension words of that level (Gaussian: one for ``U1``, one for
     ``U2``; Laplace: both extend ``U``). Levels are read until the value is decided, at most
     :data:`MAX_LEVELS`.

@@ -239,8 +239,10 @@ if njit is not None:  # the compiled functions, defined only with numba
 
     @njit(error_model="numpy")
     def release_one(xc: Any, f: Any, j: Any, g: Any, big: Any) -> Any:
-        """``sat(fl(g K)) + 0`` in the compute precision: ``(x - f g) + J g`` (one rounding)."""
-        o = (xc - f * g) + j * g
+        """``sat(fl(g K)) + 0`` in the compute precision: ``(x - f g) + J g`` (one rounding).
+        ``g round(x/g)`` is 0 where ``|x| <= g/2``; there ``x/g`` may have underflowed (a
+        subnormal ``x``, ``g > 1``), so ``x - f g`` would not be 0 and ``x`` would leak."""
+        o = ((xc - f * g) if abs(xc) > 0.5 * g else xc - xc) + j * g
         o = big if o > big else o
         o = -big if o < -big else o
         return o + 0

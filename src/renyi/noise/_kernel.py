@@ -169,7 +169,9 @@ def finish(xc: Any, f: Any, j: Any, g: float, out_dtype: Any, big: float, ops: O
     dtype's largest finite value replaces overflow, and ``+ 0`` turns ``-0`` into ``+0``."""
     out = ops.to(j, xc.dtype)
     out *= g
-    out += xc - f * g
+    # g round(x/g) is 0 where |x| <= g/2: there x/g may have underflowed (subnormal x, g > 1)
+    # and x - f g would be x's low bits, not 0
+    out += ops.where(abs(xc) > 0.5 * g, xc - f * g, 0.0 * xc)
     out = ops.to(out, out_dtype)
     out = ops.clamp(out, big)
     out += 0.0
