@@ -80,3 +80,70 @@ def test_underflowing_python_float_and_snap():
     z = np.linspace(-0.02, 0.02, 101)  # s z within (-1/2, 1/2): every index 0
     got = noise.snap(np.full(101, 5e-324), z, 16.0)
     assert np.array_equal(got, np.zeros(101)) and not np.signbit(got).any()
+
+
+# ---------------------------------------------------------------- tier 3 at a half-integer
+def _ideal_z(bits, kind: str, unit: int, which: int, levels: int = 4):
+    """The standard draw of ``unit`` from its main and ``levels`` extension words, in mpmath
+    at 400 bits (within ``2**-100`` of the ideal one: the remaining bits move it less)."""
+    import mpmath
+
+    mpmath.mp.prec = 400
+    word = int(np.frombuffer(bytes(bits.main_bytes(unit, 1)), dtype="<u8" if kind == "gaussian" else "<u4")[0])
+    n1, b1 = word & 0x7FFFFFFF, 31
+    n2, b2 = (word >> 32) & 0xFFFFFFFF, 32
+    for level in range(1, levels + 1):
+        e1, e2 = (int(v[0]) for v in bits.ext(level, np.array([unit])))
+        if kind == "gaussian":
+            n1, b1, n2, b2 = (n1 << 32) | e1, b1 + 32, (n2 << 32) | e2, b2 + 32
+        else:
+            n1, b1 = (n1 << 64) | (e1 << 32) | e2, b1 + 64
+    u1 = mpmath.ldexp(mpmath.mpf(n1) + 0.5, -b1)
+    if kind == "laplace":
+        e = -mpmath.log(u1)
+        return -e if (word >> 31) & 1 else e
+    r = mpmath.sqrt(-2 * mpmath.log(u1))
+    ang = 2 * mpmath.pi * mpmath.ldexp(mpmath.mpf(n2) + 0.5, -b2)
+    return r * (mpmath.cos(ang) if which == 0 else mpmath.sin(ang))
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "laplace"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_values_within_half_a_float_ulp_of_a_half_integer(monkeypatch, kind, fused):
+    """Forced draws: ``x`` is chosen so that ``f + s Z`` lies ``d`` above or below a
+    half-integer ``h`` with ``d`` about ``1.5e-16`` — below half a float64 ulp of ``h``, so
+    the float midpoint of any tier-3 interval is ``h`` itself. On main tier 3 then took the
+    even neighbour of ``h`` as its candidate for ever: the wrong index after ``MAX_LEVELS``
+    levels (reduced to 12 here; with the real cap, keyed bits crashed with ``struct.error``
+    at level 256 after minutes of mpmath). The expected index is computed from the same
+    bits at 400 bits; ``d`` is 10**80 times the remaining uncertainty."""
+    import mpmath
+
+    from renyi.noise import _exact
+
+    monkeypatch.setattr(_exact, "MAX_LEVELS", 12)
+    monkeypatch.setattr(noise, "_USE_FUSED", fused)
+    key, stream, step, sigma = bytes(range(7, 39)), 11, 3, 1.0
+    g = noise.lattice_step(sigma)
+    s = sigma / g
+    bits = noise._CounterBits(key, kind, stream, step)
+    uv = 2 if kind == "gaussian" else 1
+    xs, want = [], []
+    for i in range(40):
+        z = _ideal_z(bits, kind, i // uv, i % uv)
+        sz = s * z
+        h = mpmath.floor(sz) + 0.5  # the nearest half-integer: f = h - s Z + d in (-1/2, 1/2)
+        d = mpmath.mpf(1.5e-16) * (1 if i % 4 < 2 else -1)
+        f = float(h - sz + d)  # round(x/g) = 0 for x = g f, so f is x/g exactly
+        if not -0.5 < f < 0.5:
+            continue
+        v = mpmath.mpf(f) + sz  # the exact f of the float x = g f
+        assert abs(v - h) < 3e-16 and abs(v - h) > 1e-17
+        xs.append(g * f)
+        want.append(int(mpmath.nint(v)) * g)
+    cn = noise.CounterNoise(key)
+    x = np.zeros(40)
+    x[: len(xs)] = xs
+    got = getattr(cn, kind)(x, sigma, stream=stream, step=step)
+    assert len(xs) >= 30
+    assert got[: len(xs)].tolist() == want

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -137,6 +138,7 @@ def decide_exact(
     :data:`MAX_LEVELS`.
     """
     from mpmath import iv
+    from mpmath.libmp import to_rational
 
     w1, w2 = main
     sign = (w1 >> 31) & 1
@@ -160,9 +162,13 @@ def decide_exact(
             if z is None:
                 continue
             v = fs + ss * z
-            k = round(0.5 * (float(v.a) + float(v.b)))
+            # the cell of the interval's exact midpoint: a float midpoint (rounded to the
+            # nearest float, then to even) picks the wrong cell for ever when the value lies
+            # within half a float ulp above or below a half-integer
+            lo, hi = to_rational(v._mpi_[0]), to_rational(v._mpi_[1])
+            k = math.floor((Fraction(*lo) + Fraction(*hi)) / 2 + Fraction(1, 2))
             mid = float(k)
-            if v.a > k - 0.5 and v.b < k + 0.5:
+            if Fraction(*lo) > k - Fraction(1, 2) and Fraction(*hi) < k + Fraction(1, 2):
                 return float(k)
         finally:
             iv.prec = old
