@@ -147,3 +147,34 @@ def test_values_within_half_a_float_ulp_of_a_half_integer(monkeypatch, kind, fus
     got = getattr(cn, kind)(x, sigma, stream=stream, step=step)
     assert len(xs) >= 30
     assert got[: len(xs)].tolist() == want
+
+
+# ------------------------------------------------------- float64 scales near the float limit
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("mech", ["gaussian", "laplace"])
+@pytest.mark.parametrize("sigma", [1e300, 1.7e308, 2.0**975])
+def test_huge_scales_release_sat_g_k(monkeypatch, fused, mech, sigma):
+    """Scale invariance: ``sigma`` and ``sigma 2**-600`` have the same ``s`` and, for
+    ``x`` and ``x 2**-600``, the same ``f`` and index, so with the same counters the release
+    must be ``sat(2**600 y')`` for the release ``y'`` of the scaled-down value (no overflow
+    there). On main ``g round(x/g)`` (x near the largest float64, g > 2**971) or ``J g``
+    (``g = 2**1020``, ``|J| > 16``) overflowed alone and the release saturated although
+    ``g K`` is finite — even to the wrong sign (``x = -7.5e307`` gave ``+max`` for
+    ``K = 10``)."""
+    monkeypatch.setattr(noise, "_USE_FUSED", fused)
+    rng = np.random.default_rng(7)
+    big = np.finfo(np.float64).max
+    x = np.concatenate(
+        [
+            [big, -big, np.nextafter(big, 0), -np.nextafter(big, 0), 0.0],
+            rng.uniform(-1, 1, 300) * big,
+            rng.uniform(-1, 1, 100) * min(sigma, big / 4) * 4,
+        ]
+    )
+    x = np.clip(x, -big, big)
+    cn = noise.CounterNoise(bytes(range(1, 33)))
+    y = getattr(cn, mech)(x, sigma, stream=2, step=4)
+    small = getattr(cn, mech)(x * 2.0**-600, sigma * 2.0**-600, stream=2, step=4)
+    with np.errstate(over="ignore"):
+        want = np.clip(small * 2.0**600, -big, big) + 0.0
+    assert np.array_equal(y, want)

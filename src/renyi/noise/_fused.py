@@ -60,6 +60,8 @@ _LAPLACE_GATE = 1 << 20
 _SLOP = 2.0**-40  # tier 2's relative and absolute slop (renyi.noise._exact)
 _TWO_PI_2_32 = 2.0 * math.pi * 2.0**-32
 _HALF_CELL = math.pi * 2.0**-32 + _SLOP
+_HUGE_G = 2.0**900  # lattice steps from which the release is summed at a smaller scale
+_DOWN, _UP = 2.0**-12, 2.0**12
 _BLOCK = 512  # pairs (values) per inner block: two short SIMD loops over L1-resident scratch
 
 
@@ -241,8 +243,16 @@ if njit is not None:  # the compiled functions, defined only with numba
     def release_one(xc: Any, f: Any, j: Any, g: Any, big: Any) -> Any:
         """``sat(fl(g K)) + 0`` in the compute precision: ``(x - f g) + J g`` (one rounding).
         ``g round(x/g)`` is 0 where ``|x| <= g/2``; there ``x/g`` may have underflowed (a
-        subnormal ``x``, ``g > 1``), so ``x - f g`` would not be 0 and ``x`` would leak."""
-        o = ((xc - f * g) if abs(xc) > 0.5 * g else xc - xc) + j * g
+        subnormal ``x``, ``g > 1``), so ``x - f g`` would not be 0 and ``x`` would leak.
+        For ``g > 2**900`` the sum is formed at ``2**-12`` scale (exact: every term is a
+        normal multiple of ``2**-12 g``), so that no partial term overflows."""
+        small = abs(xc) <= 0.5 * g
+        if g > _HUGE_G:  # float64 scales (public): g round(x/g) or J g alone may overflow
+            d = like(xc, _DOWN)  # while g K does not; scaling by 2**-12 is exact here
+            o = ((xc - xc) if small else (xc * d - f * (g * d))) + j * (g * d)
+            o = o * like(xc, _UP)
+        else:
+            o = ((xc - xc) if small else (xc - f * g)) + j * g
         o = big if o > big else o
         o = -big if o < -big else o
         return o + 0

@@ -167,11 +167,15 @@ def finish(xc: Any, f: Any, j: Any, g: float, out_dtype: Any, big: float, ops: O
     fractional part ``f`` and the index offset ``J`` (``K = round(x/g) + J``): ``x - f g`` is
     ``g round(x/g)`` exactly, one IEEE addition rounds ``g K`` once, saturation at the output
     dtype's largest finite value replaces overflow, and ``+ 0`` turns ``-0`` into ``+0``."""
-    out = ops.to(j, xc.dtype)
-    out *= g
     # g round(x/g) is 0 where |x| <= g/2: there x/g may have underflowed (subnormal x, g > 1)
-    # and x - f g would be x's low bits, not 0
-    out += ops.where(abs(xc) > 0.5 * g, xc - f * g, 0.0 * xc)
+    # and x - f g would be x's low bits, not 0. For g > 2**900 (float64, public) the sum is
+    # formed at 2**-12 scale (exact), so that neither g round(x/g) nor J g overflows alone.
+    d = 2.0**-12 if g > 2.0**900 else 1.0
+    out = ops.to(j, xc.dtype)
+    out *= g * d
+    out += ops.where(abs(xc) > 0.5 * g, xc * d - f * (g * d), 0.0 * xc)
+    if d != 1.0:
+        out *= 2.0**12
     out = ops.to(out, out_dtype)
     out = ops.clamp(out, big)
     out += 0.0
