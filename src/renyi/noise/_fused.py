@@ -185,12 +185,64 @@ if njit is not None:  # the compiled functions, defined only with numba
         t = t + t
         return np.float64(e - 31) * _LN2 + (t + t * p)
 
+    def flushed(x, e_min):  # type: ignore[no-untyped-def]  # pragma: no cover - overload's
+        raise NotImplementedError
+
+    def expo(x):  # type: ignore[no-untyped-def]  # pragma: no cover - the overload's
+        raise NotImplementedError
+
+    def bias_of(x):  # type: ignore[no-untyped-def]  # pragma: no cover - the overload's
+        raise NotImplementedError
+
+    @overload(bias_of)
+    def _bias_of(x):  # type: ignore[no-untyped-def]
+        if x == types.float32:
+            return lambda x: 127
+        return lambda x: 1023
+
+    @overload(expo)
+    def _expo(x):  # type: ignore[no-untyped-def]
+        """The biased exponent field of ``x`` (integer operations only)."""
+        if x == types.float32:
+            return lambda x: (np.int64(f32_bits(x)) >> 23) & 0xFF
+        return lambda x: (f64_bits(x) >> 52) & 0x7FF
+
+    @overload(flushed)
+    def _flushed(x, e_min):  # type: ignore[no-untyped-def]
+        """``x``, or ``+0`` where its exponent field is below ``e_min`` (subnormals among
+        them), by integer operations only: no floating-point operation sees a subnormal
+        operand, whose slow path (microcode assists) would time the data."""
+        if x == types.float32:
+
+            def impl32(x, e_min):  # type: ignore[no-untyped-def]
+                b = f32_bits(x)  # int32 throughout: full SIMD width
+                keep = ((b >> np.int32(23)) & np.int32(0xFF)) >= np.int32(e_min)
+                return bits_f32(b & (np.int32(-1) if keep else np.int32(0)))
+
+            return impl32
+
+        def impl64(x, e_min):  # type: ignore[no-untyped-def]
+            b = f64_bits(x)
+            keep = ((b >> 52) & 0x7FF) >= e_min
+            return bits_f64(b & (np.int64(-1) if keep else np.int64(0)))
+
+        return impl64
+
     @njit(error_model="numpy")
-    def settle(f: Any, s: Any, zlo: Any, zhi: Any) -> Any:
-        """``(decided, J)`` of tier 2 for the interval ``f + s [zlo, zhi]``."""
+    def flush_limits(g: Any) -> Any:
+        """``(e_min, ferr)``: values with an exponent field below ``e_min`` are taken as 0
+        (``|x| < 2**-60 g``, or a subnormal), which moves ``x/g`` by less than ``ferr``."""
+        e_min = max(expo(g) - 60, 1)
+        low: Any = bits_f64(np.int64(e_min - bias_of(g) + 1023) << 52)  # type: ignore[call-arg]
+        return e_min, low / np.float64(g)
+
+    @njit(error_model="numpy")
+    def settle(f: Any, s: Any, zlo: Any, zhi: Any, ferr: Any) -> Any:
+        """``(decided, J)`` of tier 2 for the interval ``f + s [zlo, zhi]`` (``f`` within
+        ``ferr`` of the exact fractional part)."""
         vlo = f + s * zlo
         vhi = f + s * zhi
-        pad = _SLOP * (1.0 + max(abs(vlo), abs(vhi)))
+        pad = _SLOP * (1.0 + max(abs(vlo), abs(vhi))) + ferr
         a = vlo - pad
         b = vhi + pad
         k = np.rint(0.5 * (a + b))
@@ -198,7 +250,7 @@ if njit is not None:  # the compiled functions, defined only with numba
         return ok, k
 
     @njit(error_model="numpy")
-    def tier2_gauss(word: Any, which: Any, f: Any, s: Any) -> Any:
+    def tier2_gauss(word: Any, which: Any, f: Any, s: Any, ferr: Any) -> Any:
         """:func:`renyi.noise._exact.decide_float64` for one Gaussian value."""
         c = np.float64(word & 0x7FFFFFFF)
         big = -math.log(c * 2.0**-31)
@@ -218,18 +270,18 @@ if njit is not None:  # the compiled functions, defined only with numba
                     v = np.inf
                 zhi = max(zhi, v)
                 zlo = min(zlo, -np.inf if math.isinf(v) else v)
-        return settle(f, s, zlo, zhi)
+        return settle(f, s, zlo, zhi, ferr)
 
     @njit(error_model="numpy")
-    def tier2_laplace(word: Any, f: Any, s: Any) -> Any:
+    def tier2_laplace(word: Any, f: Any, s: Any, ferr: Any) -> Any:
         c = np.float64(word & 0x7FFFFFFF)
         big = -math.log(c * 2.0**-31)
         small = -math.log((c + 1.0) * 2.0**-31)
         e_lo = small * (1.0 - _SLOP)
         e_hi = big * (1.0 + _SLOP)
         if (word >> 31) & 1:
-            return settle(f, s, -e_hi, -e_lo)
-        return settle(f, s, e_lo, e_hi)
+            return settle(f, s, -e_hi, -e_lo, ferr)
+        return settle(f, s, e_lo, e_hi, ferr)
 
     @njit(error_model="numpy")
     def exact_f(xc: Any, inv_g64: Any) -> Any:
@@ -241,18 +293,16 @@ if njit is not None:  # the compiled functions, defined only with numba
 
     @njit(error_model="numpy")
     def release_one(xc: Any, f: Any, j: Any, g: Any, big: Any) -> Any:
-        """``sat(fl(g K)) + 0`` in the compute precision: ``(x - f g) + J g`` (one rounding).
-        ``g round(x/g)`` is 0 where ``|x| <= g/2``; there ``x/g`` may have underflowed (a
-        subnormal ``x``, ``g > 1``), so ``x - f g`` would not be 0 and ``x`` would leak.
-        For ``g > 2**900`` the sum is formed at ``2**-12`` scale (exact: every term is a
-        normal multiple of ``2**-12 g``), so that no partial term overflows."""
-        small = abs(xc) <= 0.5 * g
-        if g > _HUGE_G:  # float64 scales (public): g round(x/g) or J g alone may overflow
-            d = like(xc, _DOWN)  # while g K does not; scaling by 2**-12 is exact here
-            o = ((xc - xc) if small else (xc * d - f * (g * d))) + j * (g * d)
-            o = o * like(xc, _UP)
-        else:
-            o = ((xc - xc) if small else (xc - f * g)) + j * g
+        """``sat(fl(g K)) + 0`` in the compute precision: ``(x - f g) + J g`` (one rounding),
+        for ``x`` as :func:`flushed` leaves it (so ``x/g`` is 0 or a normal number and
+        ``f`` exact: ``x - f g`` is ``g round(x/g)``). For ``g > 2**900`` (float64, public)
+        the sum is formed at ``2**-12`` scale — exact, every term a normal multiple of
+        ``2**-12 g`` — so that neither ``g round(x/g)`` nor ``J g`` overflows alone."""
+        huge = g > _HUGE_G
+        d = like(xc, _DOWN) if huge else like(xc, 1.0)
+        u = like(xc, _UP) if huge else like(xc, 1.0)
+        gd = g * d
+        o = ((xc * d - f * gd) + j * gd) * u
         o = big if o > big else o
         o = -big if o < -big else o
         return o + 0
@@ -267,6 +317,7 @@ if njit is not None:  # the compiled functions, defined only with numba
         m2 = _F(-2.0)
         one = _F(1.0)
         inv_g64 = 1.0 / np.float64(g)
+        e_min, ferr = flush_limits(g)
         nflag = 0
         n1 = 0
         nonfinite = np.uint8(0)
@@ -308,7 +359,7 @@ if njit is not None:  # the compiled functions, defined only with numba
             zs = zb[lo + lead - 2 * b0 : hi + lead - 2 * b0]
             anyf = np.uint8(0)
             for q in range(hi - lo):  # the values' releases
-                xc = load(xb, q)
+                xc = flushed(load(xb, q), e_min)
                 t = xc * inv_g
                 f = t - np.rint(t)
                 if wide:
@@ -328,9 +379,9 @@ if njit is not None:  # the compiled functions, defined only with numba
                         n1 += 1
                         i = lo + q
                         cv = i + lead
-                        xc = load(xs, i)
+                        xc = flushed(load(xs, i), e_min)
                         f64 = exact_f(xc, inv_g64)
-                        ok, j64 = tier2_gauss(w[cv >> 1], cv & 1, f64, s64)
+                        ok, j64 = tier2_gauss(w[cv >> 1], cv & 1, f64, s64, ferr)
                         if ok:
                             store(out, i, release_one(xc, like(xc, f64), like(xc, j64), g, big))
                         else:
@@ -349,6 +400,7 @@ if njit is not None:  # the compiled functions, defined only with numba
         zb = np.empty(_BLOCK, np.float32)
         fb = np.empty(_BLOCK, np.uint8)
         inv_g64 = 1.0 / np.float64(g)
+        e_min, ferr = flush_limits(g)
         nflag = 0
         n1 = 0
         nonfinite = np.uint8(0)
@@ -370,7 +422,7 @@ if njit is not None:  # the compiled functions, defined only with numba
             zs = zb[lo + lead - b0 : hi + lead - b0]
             anyf = np.uint8(0)
             for q in range(hi - lo):
-                xc = load(xb, q)
+                xc = flushed(load(xb, q), e_min)
                 t = xc * inv_g
                 f = t - np.rint(t)
                 if wide:
@@ -389,9 +441,9 @@ if njit is not None:  # the compiled functions, defined only with numba
                     if fb[q]:
                         n1 += 1
                         i = lo + q
-                        xc = load(xs, i)
+                        xc = flushed(load(xs, i), e_min)
                         f64 = exact_f(xc, inv_g64)
-                        ok, j64 = tier2_laplace(w[i + lead], f64, s64)
+                        ok, j64 = tier2_laplace(w[i + lead], f64, s64, ferr)
                         if ok:
                             store(out, i, release_one(xc, like(xc, f64), like(xc, j64), g, big))
                         else:
@@ -406,9 +458,10 @@ if njit is not None:  # the compiled functions, defined only with numba
     def finish(xs, idx, js, g, big, out):  # type: ignore[no-untyped-def]
         """Write the releases of the values ``idx`` with exact indices ``js`` (tier 3)."""
         inv_g64 = 1.0 / np.float64(g)
+        e_min = flush_limits(g)[0]
         for p in range(idx.shape[0]):
             i = idx[p]
-            xc = load(xs, i)
+            xc = flushed(load(xs, i), e_min)  # the release of x is that of its flush
             f64 = exact_f(xc, inv_g64)
             store(out, i, release_one(xc, like(xc, f64), like(xc, js[p]), g, big))
 
