@@ -118,7 +118,7 @@ def test_values_within_half_a_float_ulp_of_a_half_integer(monkeypatch, kind, fus
     the float midpoint of any tier-3 interval is ``h`` itself. On main tier 3 then took the
     even neighbour of ``h`` as its candidate for ever: the wrong index after ``MAX_LEVELS``
     levels (reduced to 12 here; with the real cap, keyed bits crashed with ``struct.error``
-    at level 256 after minutes of mpmath). The expected index is computed from the same
+    at level 256 after ~4 s of mpmath). The expected index is computed from the same
     bits at 400 bits; ``d`` is 10**80 times the remaining uncertainty."""
     import mpmath
 
