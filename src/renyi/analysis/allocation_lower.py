@@ -246,7 +246,9 @@ def allocation_epsilon_lower_bound(
     what an upper bound reporting the worse direction must exceed). The pair is attained by
     a concrete dataset (module docstring), so no sound analysis of the sampler can report
     less. Largest of the values for ``c = θ k/t``, ``θ`` in ``(0.1, 0.3, 1)``
-    (:func:`allocation_statistic_pair`).
+    (:func:`allocation_statistic_pair`) and, for ``k = 2, 3`` with few steps, of the
+    recursion's statistic (:func:`renyi.analysis.allocation_multi.multi_allocation_lower_pair`,
+    within 0.3–1.7 % of the upper bound where it applies).
 
     >>> lo = allocation_epsilon_lower_bound(20, 1.0, 1e-3, num_selected=2)
     >>> 1.6 < lo < 1.69  # Monte Carlo of the pair: 1.68 [1.66, 1.70] (99 %)
@@ -266,6 +268,14 @@ def allocation_epsilon_lower_bound(
         c = theta * k / t
         for d in ("remove", "add") if direction == "both" else (direction,):
             best = max(best, _cached_lower(t, k, sigma, c, delta, e, d, vdi))
+    if k > 1:  # the recursion's statistic (renyi.analysis.allocation_multi), where it applies
+        from renyi.analysis.allocation_multi import multi_allocation_epsilon_lower_bound
+
+        cells = multi_allocation_epsilon_lower_bound(
+            t, sigma, delta, k, epochs=e, direction=direction, value_discretization_interval=vdi
+        )
+        if cells is not None:
+            best = max(best, cells)
     return best
 
 
