@@ -234,3 +234,26 @@ def test_tier3_takes_the_exact_fraction_where_x_over_g_underflows():
     # decided at once with an exact f: (c1, w2) = (2**30, 0): Z = sqrt(2 ln 2), far from a cell edge
     j = _exact.decide_exact("gaussian", f, 8.0, (1 << 30, 0), lambda level: (0, 0), 0)
     assert j == round(8.0 * math.sqrt(2 * math.log(2)))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.zeros(4, dtype=torch.float8_e4m3fn),
+        lambda: torch.zeros(4, dtype=torch.float8_e5m2),
+        lambda: torch.zeros(3, 3).to_sparse(),
+        lambda: torch.zeros(3, device="meta"),
+    ],
+    ids=["float8_e4m3fn", "float8_e5m2", "sparse", "meta"],
+)
+def test_unsupported_tensors_are_our_error(make):
+    """On main: torch's NotImplementedError (float8 ``aminmax``) or RuntimeError (sparse
+    ``reshape``, meta ``item``) instead of our error naming ``value``."""
+    from renyi.errors import PrivacyParameterError
+
+    for call in (
+        lambda v: noise.gaussian(v, 1.0),
+        lambda v: noise.CounterNoise(bytes(32)).laplace(v, 1.0, stream=0, step=0),
+    ):
+        with pytest.raises(PrivacyParameterError, match="value"):
+            call(make())

@@ -823,6 +823,11 @@ def _check_value(value: Any, finite: bool = True) -> tuple[str, Any]:
     if torch is not None and isinstance(value, torch.Tensor):
         if value.is_complex() or value.dtype == torch.bool:
             raise fail("value", value.dtype, "a real-valued tensor")
+        if value.layout != torch.strided or value.device.type == "meta":
+            shown = f"a {value.layout} tensor on {value.device}"
+            raise fail("value", shown, "a dense (strided) tensor holding data")
+        if value.is_floating_point() and value.element_size() < 2:
+            raise fail("value", value.dtype, "a tensor of 16 or more bits (cast float8 first)")
         if finite:
             _check_finite("torch", value)
         return "torch", value
