@@ -70,7 +70,8 @@ SIMULATED_NODES_KEY = "renyi-simulated-nodes"
 """Run-config key: the JSON file of the simulated nodes' configs (``simulation=True``)."""
 MAX_LOCAL_NODES = 1000
 """Most real node processes a :class:`LocalDeployment` starts on one machine (each is a
-Python process of ~50 MB that polls the SuperLink; K = 10 is what the benchmarks measure)."""
+Python process that polls the SuperLink; K = 10 is what the benchmarks measure, K = 100
+runs on the simulation engine)."""
 NodeKind = Literal["renyi", "flower-supernode"]
 NodeStart = Literal["fork", "exec"]
 
