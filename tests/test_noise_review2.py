@@ -257,3 +257,18 @@ def test_unsupported_tensors_are_our_error(make):
     ):
         with pytest.raises(PrivacyParameterError, match="value"):
             call(make())
+
+
+def test_laplace_extension_words_never_wrap():
+    """Laplace value ``i`` reads its extension words from block ``i/8`` of its domain, so
+    ``i >= 2**35`` would pass block ``2**32 - 1``: the array ChaCha20 masks the counter, and on
+    main value ``2**35 + 5`` got the extension bits of value ``5`` (the docs promise the
+    counter never wraps). Now such a Laplace release is our error naming the offset."""
+    from renyi.errors import PrivacyParameterError
+
+    cn = noise.CounterNoise(bytes(32))
+    x = np.zeros(4)
+    cn.laplace(x, 1.0, stream=0, step=0, offset=2**35 - 4)  # the last four values
+    with pytest.raises(PrivacyParameterError, match="offset"):
+        cn.laplace(x, 1.0, stream=0, step=0, offset=2**35 - 3)
+    cn.gaussian(x, 1.0, stream=0, step=0, offset=2**36 - 4)  # 8 bytes per pair: 2**36 values

@@ -116,6 +116,7 @@ _UNIT_BYTES = {"gaussian": 8, "laplace": 4}
 _UNIT_VALUES = {"gaussian": 2, "laplace": 1}
 _MAX_STREAM = 1 << 24
 _MAX_VALUES = 1 << 36  # per (stream, step): 2**32 ChaCha20 blocks of 64 bytes
+_MAX_LAPLACE = 1 << 35  # Laplace: 8 extension bytes per value, so 2**35 values fill 2**32 blocks
 _MAX_SIZE = (1 << 63) - 1  # numpy's largest array (intp)
 
 
@@ -925,6 +926,11 @@ def _release(
         if gz.dtype.kind not in "iuf" or (gz.size and not np.isfinite(gz).all()):
             raise fail(name, "a non-finite or non-real entry", "finite real noise")
     bits = make_bits() if given is None else None
+    n_all = arr.numel() if where == "torch" else arr.size
+    if kind == "laplace" and isinstance(bits, _CounterBits) and offset + n_all > _MAX_LAPLACE:
+        # the extension words of value i sit in block i/8 of their domain: past 2**35 values
+        # the 32-bit block counter would wrap onto the bits of value i - 2**35
+        raise fail("value", f"{n_all} entries", "at most 2**35 Laplace values per key")
     if given is None and s > 0.0:
         fast = _release_compiled(kind, value, where, arr, s, bits, offset)
         if fast is not None:
@@ -1207,9 +1213,12 @@ class CounterNoise:
         return "CounterNoise(key=<secret>)"
 
     @staticmethod
-    def _counters(stream: Any, step: Any, offset: Any, n: int) -> tuple[int, int, int]:
-        if n > _MAX_VALUES:  # the value alone is too large: name it, not the offset
-            raise fail("value", f"{n} entries", "at most 2**36 values per (stream, step)")
+    def _counters(
+        stream: Any, step: Any, offset: Any, n: int, limit: int = _MAX_VALUES
+    ) -> tuple[int, int, int]:
+        top = f"2**{limit.bit_length() - 1}"
+        if n > limit:  # the value alone is too large: name it, not the offset
+            raise fail("value", f"{n} entries", f"at most {top} values per (stream, step)")
         st = check_int("stream", stream, 0)
         if st >= _MAX_STREAM:
             raise fail("stream", stream, "an integer in [0, 2**24)")
@@ -1217,8 +1226,8 @@ class CounterNoise:
         if sp >= 1 << 64:
             raise fail("step", step, "an integer in [0, 2**64)")
         off = check_int("offset", offset, 0)
-        if off + n > _MAX_VALUES:
-            raise fail("offset", offset, "offset + number of values <= 2**36 per (stream, step)")
+        if off + n > limit:
+            raise fail("offset", offset, f"offset + number of values <= {top} per (stream, step)")
         return st, sp, off
 
     def _numel(self, value: Any) -> int:
@@ -1236,7 +1245,7 @@ class CounterNoise:
         """:func:`laplace` with the noise of ``(stream, step)`` at ``offset, offset + 1, ...``."""
         s = _check_scale("scale", scale)
         _check_value(value, finite=False)
-        st, sp, off = self._counters(stream, step, offset, self._numel(value))
+        st, sp, off = self._counters(stream, step, offset, self._numel(value), _MAX_LAPLACE)
         key = self._key
         return _release("laplace", value, s, lambda: _CounterBits(key, "laplace", st, sp), off)
 
