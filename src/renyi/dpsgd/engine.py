@@ -465,6 +465,7 @@ class PrivacyEngine:
         allow_exceeding_target: bool = False,
         sampling: str | None = None,
         self_check: bool | str = True,
+        keep_freed_memory: bool = True,
         _target: tuple[float, float] | None = None,
         **kwargs: Any,
     ) -> tuple[Any, ...]:
@@ -474,10 +475,12 @@ class PrivacyEngine:
         renyi extras: ``epochs`` (the loader then ends after ``epochs × len(loader)``
         batches), ``seed`` (reproducible, insecure noise and sampling), ``sampling`` (below),
         ``self_check`` (the independence check: ``True``, ``"strict"`` for every batch, or
-        ``False``; :mod:`renyi.dpsgd.independence`),
-        and the adaptive clipping arguments of Opacus (``target_unclipped_quantile``,
-        ``clipbound_learning_rate``, ``max_clipbound``, ``min_clipbound``,
-        ``unclipped_num_std``) with ``clipping="adaptive"``.
+        ``False``; :mod:`renyi.dpsgd.independence`), ``keep_freed_memory`` (glibc keeps
+        freed memory for reuse, so that the private step's per-example buffers are not
+        faulted in anew at every step; process-wide, peak memory unchanged;
+        :mod:`renyi.dpsgd._memory`), and the adaptive clipping arguments of Opacus
+        (``target_unclipped_quantile``, ``clipbound_learning_rate``, ``max_clipbound``,
+        ``min_clipbound``, ``unclipped_num_std``) with ``clipping="adaptive"``.
 
         ``sampling``: ``"poisson"`` (default; ``q = 1/len(data_loader)``),
         ``"random-allocation"`` (balls in bins: each epoch every example goes to one of
@@ -525,6 +528,12 @@ class PrivacyEngine:
             raise fail("make_private keyword", sorted(kwargs), "arguments of make_private")
         if criterion is None:
             criterion = nn.CrossEntropyLoss()
+        if not isinstance(keep_freed_memory, bool):
+            raise fail("keep_freed_memory", keep_freed_memory, "True or False")
+        if keep_freed_memory:
+            from renyi.dpsgd._memory import keep_freed_memory as keep
+
+            keep()
 
         from renyi.dpsgd.privacy import dataset_of
 
