@@ -1,5 +1,6 @@
-"""k-of-t random allocation: the whole-pair upper bound (renyi.analysis.allocation_multi)
-against the block decomposition, the certified lower bound and Monte Carlo.
+"""k-of-t random allocation: the whole-pair upper bound (renyi.analysis.allocation_multi;
+for k >= 4 the composition of whole 2- and 3-of-m pairs over blocks) against the block
+decomposition into 1-of-m allocations, the certified lower bound and Monte Carlo.
 
 Run: ``PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/allocation_multi.py``
 (about a minute of one core at load 1; Monte Carlo: 2e5 samples a direction, 99 %).
@@ -13,7 +14,7 @@ import numpy as np
 
 from renyi.analysis.allocation import allocation_epsilon_monte_carlo
 from renyi.analysis.allocation_lower import allocation_epsilon_lower_bound
-from renyi.analysis.allocation_multi import multi_allocation_pld
+from renyi.analysis.allocation_multi import whole_blocks_pld
 from renyi.analysis.allocation_pld import allocation_pld
 from renyi.analysis.pld import PrivacyLossDistribution
 
@@ -26,6 +27,9 @@ SETTINGS = [
     (10, 2, 1.3, 4, 1e-5),
     (7, 3, 1.2, 2, 1e-4),
     (12, 2, 1.0, 1, 1e-3),
+    (12, 4, 1.0, 1, 1e-3),
+    (20, 4, 1.0, 2, 1e-4),
+    (13, 5, 1.1, 1, 1e-3),
 ]
 
 
@@ -44,7 +48,7 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for t, k, sigma, e, d in SETTINGS:
         t0 = time.process_time()
-        whole = multi_allocation_pld(t, sigma, k)
+        whole = whole_blocks_pld(t, sigma, k)
         cpu = time.process_time() - t0
         blocks = _eps(allocation_pld(t, sigma, num_selected=k, whole_pair=False), e, d)
         w = _eps(whole, e, d) if whole is not None else float("nan")

@@ -20,6 +20,7 @@ from renyi.analysis.allocation_multi import (
     multi_allocation_pair,
     multi_allocation_pld,
     resolution,
+    whole_blocks,
 )
 from renyi.analysis.allocation_pld import allocation_pld
 from renyi.analysis.pld import PrivacyLossDistribution
@@ -111,6 +112,24 @@ def test_whole_pair_brackets_epsilon_with_the_certified_lower_bound(
             t, sigma, delta, k, epochs=epochs, direction=direction
         )
         assert mine is not None and mine <= high
+
+
+def test_four_of_twelve_by_whole_two_of_six_blocks() -> None:
+    # k = 4: two whole 2-of-6 pairs composed (a decomposition with fewer, larger blocks)
+    # instead of four 1-of-3 allocations; sound against the certified lower bound and the
+    # Monte Carlo interval's low end (99.9 %, 2e5 samples a direction, fixed seed)
+    t, k, sigma, delta = 12, 4, 1.0, 1e-3
+    assert whole_blocks(t, k) == ((2, 6), (2, 6))
+    blocks = allocation_pld(t, sigma, num_selected=k, whole_pair=False)
+    reported = allocation_pld(t, sigma, num_selected=k)
+    b, r = _eps(blocks, 1, delta), _eps(reported, 1, delta)
+    lower = allocation_epsilon_lower_bound(t, sigma, delta, num_selected=k)
+    assert lower <= r < 0.97 * b
+    _, low, _ = allocation_epsilon_monte_carlo(
+        t, sigma, delta, num_selected=k, samples=200_000, confidence=0.999,
+        rng=np.random.default_rng(412),
+    )  # fmt: skip
+    assert r >= low
 
 
 def test_lower_pair_is_a_pair_of_laws() -> None:

@@ -76,6 +76,8 @@ __all__ = [
     "multi_allocation_pld",
     "resolution",
     "step_grid",
+    "whole_blocks",
+    "whole_blocks_pld",
 ]
 
 FloatArray = NDArray[np.float64]
@@ -414,3 +416,64 @@ def _cached_lower_pair(
     t: int, k: int, sigma: float, points: int, h: float
 ) -> tuple[FloatArray, FloatArray, float, float] | None:
     return multi_allocation_lower_pair(t, sigma, k, points=points, bin_width=h)
+
+
+def whole_blocks(num_steps: int, num_selected: int) -> tuple[tuple[int, int], ...] | None:
+    """``((k_b, m_b), ...)``: blocks of ``m_b`` steps holding ``k_b`` of the record's ``k``
+    steps each, whose whole ``k_b``-of-``m_b`` pairs are affordable (:func:`resolution`), or
+    ``None``. ``k <= 3``: the epoch itself; ``k >= 4``: blocks of ``k_b = 2`` (and one of 3
+    for odd ``k``) with sizes in proportion. Uniform ``k_b``-subsets of the blocks, randomly
+    relabelled, are a uniform ``k``-subset, and revealing the relabelling can only help the
+    adversary: the epoch is dominated by the composition of the blocks' pairs (the
+    decomposition of :func:`renyi.analysis.allocation.allocation_blocks` with fewer, larger
+    blocks).
+
+    >>> whole_blocks(5, 2), whole_blocks(12, 4), whole_blocks(13, 5), whole_blocks(60, 4)
+    (((2, 5),), ((2, 6), (2, 6)), ((2, 6), (3, 7)), None)
+    """
+    t, k = check_steps_selected(num_steps, num_selected)
+    if k <= 3:
+        return ((k, t),) if resolution(t, k) is not None else None
+    parts = [2] * (k // 2)
+    if k % 2:
+        parts[-1] = 3
+    sizes = [t * kb // k for kb in parts]
+    for i in range(t - sum(sizes)):  # the remainder, one step each from the first block on
+        sizes[i % len(sizes)] += 1
+    blocks = tuple(zip(parts, sizes, strict=True))
+    if any(resolution(m, kb) is None for kb, m in blocks):
+        return None
+    return blocks
+
+
+def whole_blocks_pld(
+    num_steps: int,
+    noise_multiplier: float,
+    num_selected: int,
+    *,
+    value_discretization_interval: float = 1e-4,
+    tail_mass: float = 1e-15,
+) -> tuple[PrivacyLossDistribution, PrivacyLossDistribution] | None:
+    """Upper-bound PLDs ``(remove, add)`` of one epoch of ``k``-of-``t`` allocation: the
+    composition of the whole pairs over :func:`whole_blocks` (``None`` where those are not
+    affordable)."""
+    t, k = check_steps_selected(num_steps, num_selected)
+    blocks = whole_blocks(t, k)
+    if blocks is None:
+        return None
+    rem: PrivacyLossDistribution | None = None
+    add: PrivacyLossDistribution | None = None
+    for kb, m in blocks:
+        pair = multi_allocation_pld(
+            m,
+            noise_multiplier,
+            kb,
+            value_discretization_interval=value_discretization_interval,
+            tail_mass=tail_mass,
+        )
+        if pair is None:
+            return None
+        rem = pair[0] if rem is None else rem.compose(pair[0])
+        add = pair[1] if add is None else add.compose(pair[1])
+    assert rem is not None and add is not None
+    return rem, add

@@ -659,13 +659,14 @@ def _blocks_pld(
 
     best = (rem, add)
     ours = worst(best)
-    # the whole k-of-t pair (renyi.analysis.allocation_multi), where it is affordable: kept
+    # the whole k-of-t pair, or the composition of whole 2- and 3-of-m pairs over blocks
+    # (renyi.analysis.allocation_multi), where it is affordable: kept
     # where its epsilons at the reference deltas add up to less (a choice between two sound
     # bounds, made before any query)
-    from renyi.analysis.allocation_multi import multi_allocation_pld
+    from renyi.analysis.allocation_multi import whole_blocks_pld
 
     whole = (
-        multi_allocation_pld(t, sigma, k, value_discretization_interval=h, tail_mass=tm)
+        whole_blocks_pld(t, sigma, k, value_discretization_interval=h, tail_mass=tm)
         if whole_pair
         else None
     )
