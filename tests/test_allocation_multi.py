@@ -132,6 +132,28 @@ def test_four_of_twelve_by_whole_two_of_six_blocks() -> None:
     assert r >= low
 
 
+@pytest.mark.slow
+def test_random_settings_above_the_independent_lower_bound() -> None:
+    # random held-out settings: the upper bound never below the Poisson-product statistic's
+    # certified lower bound (allocation_statistic_pair: independent of the recursion)
+    from renyi.analysis.allocation_lower import _cached_lower
+
+    rng = np.random.default_rng(2026)
+    for _ in range(6):
+        k = int(rng.integers(2, 4))
+        t = int(rng.integers(k + 1, 8 if k == 2 else 7))
+        sigma = float(rng.uniform(0.6, 2.0))
+        epochs = int(rng.integers(1, 4))
+        delta = float(10.0 ** rng.uniform(-6, -2))
+        whole = multi_allocation_pld(t, sigma, k)
+        assert whole is not None
+        for direction, pld in (("remove", whole[0]), ("add", whole[1])):
+            up = float(pld.self_compose(epochs).epsilon_for_delta(delta).upper)
+            for theta in (0.1, 0.3, 1.0):
+                low = _cached_lower(t, k, sigma, theta * k / t, delta, epochs, direction, 1e-4)
+                assert low <= up, (t, k, sigma, epochs, delta, direction, theta)
+
+
 def test_lower_pair_is_a_pair_of_laws() -> None:
     got = multi_allocation_lower_pair(5, 1.0, 2, points=24, bin_width=0.06)
     assert got is not None

@@ -135,6 +135,28 @@ def test_k_of_m_allocation_against_monte_carlo():
     assert lo <= ours <= 1.02 * est
 
 
+def test_one_band_k_of_m_is_the_single_band_k_of_m_pld():
+    """One band (C = I), k = 2 of m = 6: the plan's event is DP-SGD's k-of-m random
+    allocation, priced by the same PLD (the whole k-of-m pair, tighter than the blocks)."""
+    from renyi.analysis.allocation_pld import allocation_pld
+
+    rounds, epochs, sigma = 6, 2, 0.9
+    plan = correlated_plan(
+        identity(), rounds * epochs, sigma, sampling="random-allocation",
+        rounds_per_epoch=rounds, num_selected=2,
+    )  # fmt: skip
+    assert plan.step_event == RandomAllocationEvent(rounds, GaussianEvent(sigma), 2)
+    assert plan.charges == epochs and plan.sensitivity.value == 1.0
+    ours = _epsilon(plan)
+    whole = allocation_pld(rounds, sigma, num_selected=2)
+    blocks = allocation_pld(rounds, sigma, num_selected=2, whole_pair=False)
+
+    def eps(pair):
+        return max(float(p.self_compose(epochs).epsilon_for_delta(DELTA).upper) for p in pair)
+
+    assert ours == pytest.approx(eps(whole), rel=1e-6) and ours < 0.97 * eps(blocks)
+
+
 def test_blt_fixed_bins_bound_dominates_the_scalar_random_bin_pair():
     """BLT over fixed random partitions (balls in bins with one round per epoch): the proven
     b-min-sep bound sits above the Monte Carlo of the scalar random-bin pair (what
