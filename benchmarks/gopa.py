@@ -6,14 +6,14 @@ For each K in ``--parties``:
    pairing messages, masked values and aggregation, parties as objects), median over
    ``--repeats``; bytes per party = what it sends and receives;
 2. for K in ``--deployed``: a real loopback deployment (``flower-superlink`` + one
-   ``renyi.federated.flower_node`` process per party, ``flwr run``): wall time from
-   starting the SuperLink to the released estimate, CPU seconds of all its processes
-   (``LocalDeployment.cpu_seconds``, a lower bound), bytes per party counted by the relay
-   (payloads; Flower's framing not included). ``--start fork exec`` compares nodes forked
-   from one launcher (the default) with nodes started each as its own program, interleaved
-   ``--deployed-repeats`` times. The same script on an earlier main (before the long-lived
-   nodes: one ``flower-supernode`` per party, a ClientApp process per message) gives the
-   older baseline;
+   ``renyi.federated.flower_node`` process per party, the run submitted as ``flwr run``
+   does): wall time from starting the SuperLink to the released estimate, CPU seconds of all
+   its processes (``LocalDeployment.cpu_seconds``, a lower bound), bytes per party counted
+   by the relay (payloads; Flower's framing not included). ``--start fork exec`` compares
+   nodes forked from one launcher (the default) with nodes started each as its own program,
+   interleaved ``--deployed-repeats`` times. The same script on an earlier main (before the
+   long-lived nodes: one ``flower-supernode`` per party, a ClientApp process per message)
+   gives the older baseline;
 3. for K in ``--simulated``: one session on Flower's simulation engine (Ray, one worker),
    wall time including Ray's start;
 4. the error of the estimate: GOPA's calibrated standard deviation (ρ = 1/2, ε = 1,
