@@ -33,7 +33,7 @@ notion as :mod:`renyi.analysis.allocation_pld`). Each step is a proven dominance
 4. **Round-off and pruning**, as in ``allocation_pld``: every computed mass carries a
    relative error bound (tracked through the recursion: products, and sums of at most
    ``g`` non-negative terms); atoms are lowered by what the error can account for; cells
-   whose second-side mass and whose descendants' first-side mass are both below ``1e-20``
+   whose second-side mass and whose descendants' first-side mass are both below ``1e-16``
    are dropped; everything lost is *revealed* (second side at ratio 0, first side at
    ratio ∞), which dominates the lost part.
 
@@ -86,7 +86,7 @@ DEFAULT_MAX_CELLS = 400_000
 """Cells (after grouping) above which the recursion gives up (``None``)."""
 
 _U = 2.0**-53
-_PRUNE = 1e-20  # cells lighter than this on both sides (descendants included) are revealed
+_PRUNE = 1e-16  # cells lighter than this on both sides (descendants included) are revealed
 _CORE = 3.0  # the uniform part of the grid: ±3 sd around both laws of log X
 _FAR = 8.5  # the grid reaches 8.5 sd beyond them (first-side mass above: ~1e-17)
 _TAIL_FRACTION = 0.2  # share of the points in the two geometric tails
