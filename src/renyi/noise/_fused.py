@@ -291,6 +291,24 @@ if njit is not None:  # the compiled functions, defined only with numba
         f = t - np.rint(t)
         return 0.0 if f != f else f
 
+    def lattice_sum(xc, f, j, g):  # type: ignore[no-untyped-def]  # pragma: no cover
+        raise NotImplementedError
+
+    @overload(lattice_sum)
+    def _lattice_sum(xc, f, j, g):  # type: ignore[no-untyped-def]
+        """``(x - f g) + J g`` rounded once; float32 arithmetic runs only for ``g <= 2**100``."""
+        if xc == types.float32:
+            return lambda xc, f, j, g: (xc - f * g) + j * g
+
+        def impl64(xc, f, j, g):  # type: ignore[no-untyped-def]
+            huge = g > _HUGE_G
+            d = _DOWN if huge else 1.0
+            gd = g * d
+            o = (xc * d - f * gd) + j * gd
+            return o * _UP if huge else o
+
+        return impl64
+
     @njit(error_model="numpy")
     def release_one(xc: Any, f: Any, j: Any, g: Any, big: Any) -> Any:
         """``sat(fl(g K)) + 0`` in the compute precision: ``(x - f g) + J g`` (one rounding),
@@ -298,11 +316,7 @@ if njit is not None:  # the compiled functions, defined only with numba
         ``f`` exact: ``x - f g`` is ``g round(x/g)``). For ``g > 2**900`` (float64, public)
         the sum is formed at ``2**-12`` scale — exact, every term a normal multiple of
         ``2**-12 g`` — so that neither ``g round(x/g)`` nor ``J g`` overflows alone."""
-        huge = g > _HUGE_G
-        d = like(xc, _DOWN) if huge else like(xc, 1.0)
-        u = like(xc, _UP) if huge else like(xc, 1.0)
-        gd = g * d
-        o = ((xc * d - f * gd) + j * gd) * u
+        o = lattice_sum(xc, f, j, g)
         o = big if o > big else o
         o = -big if o < -big else o
         return o + 0
