@@ -648,8 +648,9 @@ class _ConvGrads:
     product of output gradients and patches), ``grouped`` (the same per-example gradient as one
     grouped convolution of the input with the output gradients). The fastest for the shape is
     timed once (best of three; CPU time when torch runs one thread) and remembered; ``gram``
-    is only considered under Bu et al.'s rule ``2 L^2 < K O``. The clipped sum is the layer's weight gradient with the output gradients
-    re-weighted (book-keeping), computed by torch's convolution backward.
+    is only considered under Bu et al.'s rule ``2 L^2 < K O``. The clipped sum is the layer's
+    weight gradient with the output gradients re-weighted (book-keeping), computed by torch's
+    convolution backward.
     """
 
     def __init__(
