@@ -59,7 +59,15 @@ def test_noise_release_time_does_not_depend_on_the_input(x0, x1):
 @pytest.mark.parametrize("kind", ["laplace", "gaussian"])
 def test_integer_mechanisms_at_the_range_edge(kind):
     """Before 0594dd2 (noise, 22.3) 2**62 - 1 took another path than 2**62: p = 2e-310,
-    median time ratio 0.74."""
+    median time ratio 0.74 (AUC near 0).
+
+    Asserted by effect size, not by the p-value: on an idle machine 2000 pairs resolve
+    differences of 0.1 % of a 10 µs release, and this pair shows one whose sign flips with
+    the order seed (AUC 0.46, 0.45, 0.55, 0.44, 0.51 for seeds 0-5, median ratios
+    0.999-1.001; the same on 6323a7a), i.e. the layout of the run rather than a path taken by
+    the value. A second path (the bug class this test is for) moves the AUC by far more than
+    0.15; under no dependence the AUC's sd is 0.5 / sqrt(2000) = 0.011, so a false alarm
+    needs a 13-sd excursion."""
     from renyi.mechanisms import DiscreteGaussianMechanism, DiscreteLaplaceMechanism
 
     mech = (
@@ -73,7 +81,7 @@ def test_integer_mechanisms_at_the_range_edge(kind):
         confidence=CONF,
         rng=np.random.default_rng(3),
     )
-    assert r.passed, r
+    assert abs(r.auc - 0.5) < 0.15 and 0.9 < r.median_ratio < 1.1, r
 
 
 def test_bad_arguments():

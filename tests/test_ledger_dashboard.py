@@ -87,7 +87,13 @@ def test_dashboard_shows_what_the_api_says(tmp_path, browser):
         assert browser.current_url.endswith("/login")
         browser.find_element(By.ID, "token").send_keys(reader)
         browser.find_element(By.ID, "login").click()
-        row = browser.find_element(By.CSS_SELECTOR, "#ledgers tr[data-name='default']")
+        # the click returns before the redirected page has loaded (it failed 1 run in 3 on an
+        # idle machine): wait for the ledgers' table
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        row = WebDriverWait(browser, 30).until(
+            lambda d: d.find_element(By.CSS_SELECTOR, "#ledgers tr[data-name='default']")
+        )
         assert row.find_element(By.CLASS_NAME, "spent").text == _fmt(info["epsilon_spent"])
         assert row.find_element(By.CLASS_NAME, "left").text == _fmt(info["epsilon_remaining"])
         assert row.find_element(By.CLASS_NAME, "releases").text == str(info["entries"]) == "4"

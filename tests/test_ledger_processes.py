@@ -28,6 +28,7 @@ HARNESS = textwrap.dedent(
 
     target, seconds, eps, nproc, outdir = sys.argv[1:6]
     seconds, eps, nproc = float(seconds), float(eps), int(nproc)
+    pause = float(os.environ.get("SPEND_PAUSE", "0"))
 
     def spender(label):
         fd = os.open(f"{outdir}/{label}-{os.getpid()}", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -38,6 +39,10 @@ HARNESS = textwrap.dedent(
             except BudgetExceededError:
                 return
             os.write(fd, f"{r.index}\\n".encode())  # released: announced after the commit
+            # a job works between releases: without this pause an idle machine spent the
+            # whole budget before the third kill (kills >= 5 failed); the kills land in
+            # spends and in pauses alike, whatever the machine's speed
+            time.sleep(random.uniform(0.0, pause))
 
     def fork(label):
         pid = os.fork()
@@ -76,9 +81,9 @@ def ledger_target(request, tmp_path):
     return request.getfixturevalue("postgres_url")
 
 
-def _run(target, seconds, eps, nproc, outdir):
+def _run(target, seconds, eps, nproc, outdir, pause=0.0):
     outdir.mkdir()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "SPEND_PAUSE": str(pause)}
     done = subprocess.run(
         [sys.executable, "-c", HARNESS, target, str(seconds), str(eps), str(nproc), str(outdir)],
         capture_output=True,
@@ -93,9 +98,10 @@ def _run(target, seconds, eps, nproc, outdir):
 
 
 def test_sigkill_storm_loses_nothing_and_never_overspends(ledger_target, tmp_path):
-    """4 spenders for 150 units; one is SIGKILLed and restarted every ~35 ms for 1.5 s."""
+    """4 spenders for 150 units, pausing up to 20 ms between spends (so the budget lasts
+    ~0.4 s or more on any machine); one is SIGKILLed and restarted every ~35 ms for 1.5 s."""
     Budget(epsilon=150.0, ledger=ledger_target)
-    kills, codes, announced = _run(ledger_target, 1.5, 1.0, 4, tmp_path / "out")
+    kills, codes, announced = _run(ledger_target, 1.5, 1.0, 4, tmp_path / "out", pause=0.02)
     b = Budget.open(ledger_target)
     entries = b.entries()
     assert kills >= 5 and codes == [0, 0, 0, 0]
