@@ -437,42 +437,33 @@ def allocation_epsilon_monte_carlo(
     >>> 1.60 < lo <= est <= hi < 1.76
     True
     """
-    from renyi.analysis.allocation_correlated import _delta_terms, _interval
+    from renyi.analysis.allocation_correlated import epsilon_interval_from_losses
 
     d = check_delta(delta)
     conf = check_range("confidence", confidence, 0.0, 1.0, low_open=True, high_open=True)
     if direction not in ("remove", "add", "both"):
         raise fail("direction", direction, "'remove', 'add' or 'both'")
-    out = np.zeros(3)
     todo = (("remove", "P"), ("add", "Q"))
-    for name, under in todo if direction == "both" else [x for x in todo if x[0] == direction]:
-        losses = allocation_privacy_losses(
-            num_steps,
-            noise_multiplier,
-            samples,
-            num_selected=num_selected,
-            epochs=epochs,
-            under=under,
-            rng=rng,
-        )
-
-        def at(eps: float, which: int, losses: FloatArray = losses, dr: str = name) -> float:
-            return _interval(_delta_terms(losses, eps, dr), conf)[which]
-
-        for which in range(3):  # estimate, low, high of delta -> estimate, low, high of eps
-            if at(0.0, which) <= d:
-                continue
-            lo, hi = 0.0, 1.0
-            while at(hi, which) > d:
-                lo, hi = hi, 2.0 * hi
-                if hi > 1e4:
-                    raise fail("delta", delta, "a delta the samples resolve (too small)")
-            for _ in range(60):
-                mid = 0.5 * (lo + hi)
-                lo, hi = (mid, hi) if at(mid, which) > d else (lo, mid)
-            out[which] = max(out[which], hi)
-    # delta's low end gives eps's low end: order (estimate, low, high)
-    return float(out[0]), float(out[1]), float(out[2])
+    return epsilon_interval_from_losses(
+        (
+            (
+                name,
+                allocation_privacy_losses(
+                    num_steps,
+                    noise_multiplier,
+                    samples,
+                    num_selected=num_selected,
+                    epochs=epochs,
+                    under=under,
+                    rng=rng,
+                ),
+            )
+            for name, under in todo
+            if direction in ("both", name)
+        ),
+        d,
+        conf,
+    )
 
 
 def one_of_t_epsilon_lower_bound(

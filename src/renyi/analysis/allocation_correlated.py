@@ -40,7 +40,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -189,6 +189,35 @@ def mixture_delta_monte_carlo(
     return _interval(_delta_terms(losses, eps, direction), conf)
 
 
+def epsilon_interval_from_losses(
+    losses_by_direction: Iterable[tuple[str, FloatArray]], delta: float, confidence: float
+) -> tuple[float, float, float]:
+    """``(estimate, low, high)`` of ε(δ) from sampled privacy losses of each direction
+    (``"remove"``: losses under ``P``; ``"add"``: under ``Q``): ε solves ``δ_MC(ε) = δ``
+    (bisection, the same samples at every ε so each curve is monotone) on the estimate and
+    on both ends of :func:`_interval`; the larger direction is kept at each of the three."""
+    out = np.zeros(3)
+    for direction, losses in losses_by_direction:
+
+        def at(eps: float, which: int, losses: FloatArray = losses, dr: str = direction) -> float:
+            return _interval(_delta_terms(losses, eps, dr), confidence)[which]
+
+        for which in range(3):  # estimate, low, high of delta -> estimate, low, high of eps
+            if at(0.0, which) <= delta:
+                continue
+            lo, hi = 0.0, 1.0
+            while at(hi, which) > delta:
+                lo, hi = hi, 2.0 * hi
+                if hi > 1e4:
+                    raise fail("delta", delta, "a delta the samples resolve (too small)")
+            for _ in range(60):
+                mid = 0.5 * (lo + hi)
+                lo, hi = (mid, hi) if at(mid, which) > delta else (lo, mid)
+            out[which] = max(out[which], hi)
+    # delta's low end gives eps's low end: order (estimate, low, high)
+    return float(out[0]), float(out[1]), float(out[2])
+
+
 def mixture_epsilon_monte_carlo(
     blocks: Blocks,
     noise_std: float,
@@ -207,24 +236,11 @@ def mixture_epsilon_monte_carlo(
     """
     d = check_delta(delta)
     conf = check_range("confidence", confidence, 0.0, 1.0, low_open=True, high_open=True)
-    out = np.zeros(3)
-    for direction, under in (("remove", "P"), ("add", "Q")):
-        losses = mixture_privacy_losses(blocks, noise_std, samples, under=under, rng=rng)
-
-        def at(eps: float, which: int, losses: FloatArray = losses, dr: str = direction) -> float:
-            return _interval(_delta_terms(losses, eps, dr), conf)[which]
-
-        for which in range(3):  # estimate, low, high of delta -> estimate, low, high of eps
-            if at(0.0, which) <= d:
-                continue
-            lo, hi = 0.0, 1.0
-            while at(hi, which) > d:
-                lo, hi = hi, 2.0 * hi
-                if hi > 1e4:
-                    raise fail("delta", delta, "a delta the samples resolve (too small)")
-            for _ in range(60):
-                mid = 0.5 * (lo + hi)
-                lo, hi = (mid, hi) if at(mid, which) > d else (lo, mid)
-            out[which] = max(out[which], hi)
-    # delta's low end gives eps's low end: order (estimate, low, high)
-    return float(out[0]), float(out[1]), float(out[2])
+    return epsilon_interval_from_losses(
+        (
+            (direction, mixture_privacy_losses(blocks, noise_std, samples, under=under, rng=rng))
+            for direction, under in (("remove", "P"), ("add", "Q"))
+        ),
+        d,
+        conf,
+    )
