@@ -347,14 +347,15 @@ def _announce(line: str) -> None:
     print(line, flush=True)
 
 
-def _token_store(path: str) -> Any:
+def _store_and_scope(arg: str) -> tuple[Any, str]:
+    """The store ``LEDGER`` names and the ledger its ``#name`` picks ("" when none)."""
     from renyi.ledger import is_postgres_url, open_store
 
-    if is_postgres_url(path):
-        return open_store(path.split("#", 1)[0])
-    if not os.path.exists(path):
-        path = path.rpartition("#")[0] or path
-    return open_store(path, create=False)
+    path, _, scope = arg.rpartition("#") if "#" in arg else (arg, "", "")
+    if not is_postgres_url(path) and os.path.exists(arg):  # a file whose name holds '#'
+        path, scope = arg, ""
+    store = open_store(path) if is_postgres_url(path) else open_store(path, create=False)
+    return store, scope
 
 
 def _tokens(args: argparse.Namespace) -> int:
@@ -362,7 +363,7 @@ def _tokens(args: argparse.Namespace) -> int:
 
     rows = [
         {"id": r.id, "name": r.name, "role": r.role, "scope": r.scope, "created": r.created}
-        for r in list_tokens(_token_store(args.path))
+        for r in list_tokens(_store_and_scope(args.path)[0])
     ]
     if args.json:
         print_json({"tokens": rows})
@@ -377,7 +378,7 @@ def _tokens(args: argparse.Namespace) -> int:
 def _revoke(args: argparse.Namespace) -> int:
     from renyi.ledger.tokens import revoke_token
 
-    r = revoke_token(_token_store(args.path), args.token)
+    r = revoke_token(_store_and_scope(args.path)[0], args.token)
     if args.json:
         print_json({"revoked": r.id, "name": r.name, "role": r.role, "scope": r.scope})
     else:
@@ -386,13 +387,9 @@ def _revoke(args: argparse.Namespace) -> int:
 
 
 def _token(args: argparse.Namespace) -> int:
-    from renyi.ledger import is_postgres_url, open_store
     from renyi.ledger.tokens import create_token
 
-    path, _, scope = args.path.rpartition("#") if "#" in args.path else (args.path, "", "")
-    if not is_postgres_url(path) and os.path.exists(args.path):
-        path, scope = args.path, ""
-    store = open_store(path, create=False) if not is_postgres_url(path) else open_store(path)
+    store, scope = _store_and_scope(args.path)
     if scope and store.named(scope).info() is None:
         _no_ledger(store, scope)
     token = create_token(store, name=args.name, role=args.role, scope=scope or "*")
