@@ -38,26 +38,33 @@ def _train_until_refused(model, optimizer, loader, limit):
     return steps, False
 
 
-def test_privacy_engine_stops_when_the_remote_budget_refuses(tmp_path):
+def _remote_private_linear(server, token, **make_private_kwargs):
+    """A linear model on 64 random examples made private by ``PrivacyEngine(ledger=url)``:
+    (model, optimizer, loader), batches of 16, σ = 2, C = 1."""
     from renyi.dpsgd import PrivacyEngine
 
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    model = torch.nn.Linear(4, 2)
+    engine = PrivacyEngine(accountant="rdp", ledger=f"{server.url}#default", ledger_token=token)
+    return engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(data, batch_size=16),
+        noise_multiplier=2.0,
+        max_grad_norm=1.0,
+        **make_private_kwargs,
+    )
+
+
+def test_privacy_engine_stops_when_the_remote_budget_refuses(tmp_path):
     torch.manual_seed(0)
     path = tmp_path / "team.sqlite"
     Budget(epsilon=3.0, delta=1e-5, ledger=path)
     token = create_token(open_store(str(path)), name="trainer", role="spend")
     server = Server(path)
     try:
-        data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
-        model = torch.nn.Linear(4, 2)
-        engine = PrivacyEngine(accountant="rdp", ledger=f"{server.url}#default", ledger_token=token)
-        model, optimizer, loader = engine.make_private(
-            module=model,
-            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-            data_loader=DataLoader(data, batch_size=16),
-            noise_multiplier=2.0,
-            max_grad_norm=1.0,
-            epochs=50,
-        )
+        model, optimizer, loader = _remote_private_linear(server, token, epochs=50)
+        data = loader.dataset  # the 64 examples, for the second private model below
         step = PoissonSampledEvent(0.25, GaussianEvent(2.0))
         expected = Budget.open(path).max_count(step)  # what the service will allow
         assert 1 <= expected < 200
@@ -101,7 +108,6 @@ def test_a_job_charged_per_epoch_ends_finished(tmp_path):
     """Balls-in-bins charges once per epoch: the dashboard's progress counts those spends
     against the epochs planned (it counted them against the steps, so such a job never
     reached 100 % and stayed "running"/"stopped")."""
-    from renyi.dpsgd import PrivacyEngine
     from renyi.ledger.service import _jobs
 
     torch.manual_seed(0)
@@ -110,17 +116,8 @@ def test_a_job_charged_per_epoch_ends_finished(tmp_path):
     token = create_token(open_store(str(path)), name="trainer", role="spend")
     server = Server(path)
     try:
-        data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
-        model = torch.nn.Linear(4, 2)
-        engine = PrivacyEngine(accountant="rdp", ledger=f"{server.url}#default", ledger_token=token)
-        model, optimizer, loader = engine.make_private(
-            module=model,
-            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-            data_loader=DataLoader(data, batch_size=16),
-            noise_multiplier=2.0,
-            max_grad_norm=1.0,
-            epochs=3,
-            sampling="random-allocation",
+        model, optimizer, loader = _remote_private_linear(
+            server, token, epochs=3, sampling="random-allocation"
         )
         steps, refused = _train_until_refused(model, optimizer, loader, 3)
     finally:
