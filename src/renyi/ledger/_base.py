@@ -416,6 +416,15 @@ def describe_event(event: dict[str, Any]) -> str:
     return f"{kind}({', '.join(params)})"
 
 
+#: what one spend of the ledger service may charge: ``count`` runs, ``1 <= count <= 1e9``
+SPEND_COUNT_RANGE = "an integer in [1, 1e9]"
+
+
+def is_spend_count(count: object) -> bool:
+    """Whether ``count`` is a spend's count the service takes (an int, not a bool, in range)."""
+    return isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= 10**9
+
+
 def now_iso() -> str:
     """Current UTC time, ISO 8601 with microseconds."""
     return datetime.now(UTC).isoformat(timespec="microseconds")

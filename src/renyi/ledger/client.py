@@ -36,7 +36,14 @@ from urllib.parse import quote, urlsplit
 from renyi._validation import check_int, fail
 from renyi.analysis.events import Event, from_dict
 from renyi.errors import BudgetExceededError
-from renyi.ledger._base import DEFAULT_NAME, LedgerError, LedgerNotFoundError, check_name
+from renyi.ledger._base import (
+    DEFAULT_NAME,
+    SPEND_COUNT_RANGE,
+    LedgerError,
+    LedgerNotFoundError,
+    check_name,
+    is_spend_count,
+)
 
 __all__ = ["LedgerAccessError", "RemoteBudget", "budget_hook"]
 
@@ -192,10 +199,10 @@ class RemoteBudget:
 
         if not isinstance(event, Event):
             raise fail("event", event, "a renyi.analysis.events.Event")
-        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 10**9:
+        if not is_spend_count(count):
             # the service's range (an empty spend records nothing): refused here, before any
             # request, with the same words as a local mistake instead of the service's 422
-            raise fail("count", count, "an integer in [1, 1e9] (runs charged by one spend)")
+            raise fail("count", count, f"{SPEND_COUNT_RANGE} (runs charged by one spend)")
         meta = _check_metadata(metadata)
         if self.job is not None:
             meta.setdefault("job", self.job)

@@ -41,6 +41,7 @@ from renyi.budget import Budget
 from renyi.errors import BudgetExceededError, RenyiError
 from renyi.ledger._base import (
     CHAIN_HMAC,
+    SPEND_COUNT_RANGE,
     IdempotencyConflictError,
     LedgerEntry,
     LedgerError,
@@ -49,6 +50,7 @@ from renyi.ledger._base import (
     TokenRecord,
     check_name,
     describe_event,
+    is_spend_count,
 )
 from renyi.ledger.tokens import allows, check_token
 
@@ -373,8 +375,8 @@ def _spend_request(body: Any) -> tuple[Event, int, str | None, dict[str, Any], s
         raise ApiError(422, "invalid", f"unknown fields {extra}; allowed: {sorted(allowed)}")
     event = _event(body.get("event"))
     count = body.get("count", 1)
-    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 10**9:
-        raise ApiError(422, "invalid", f"count: expected an integer in [1, 1e9], got {count!r}")
+    if not is_spend_count(count):
+        raise ApiError(422, "invalid", f"count: expected {SPEND_COUNT_RANGE}, got {count!r}")
     label = body.get("label")
     if label is not None and (not isinstance(label, str) or len(label) > 200):
         raise ApiError(422, "invalid", "label: expected a string of at most 200 characters")
