@@ -268,6 +268,15 @@ def _groups(task: DiracTask, names: tuple[str, ...]) -> tuple[NDArray[np.int64],
     return groups, scales[groups]
 
 
+def _forced_defaults(single: bool, sigma: float | None, steps: int | None) -> tuple[float, int]:
+    """σ and steps of a forced audit unless given: σ 4 over 200 steps with a canary per
+    column, σ 2 over 500 steps with one canary per step."""
+    return (
+        sigma if sigma is not None else (2.0 if single else 4.0),
+        steps if steps is not None else (500 if single else 200),
+    )
+
+
 def _forced_audit(
     step: Step,
     task: DiracTask,
@@ -275,7 +284,6 @@ def _forced_audit(
     steps: int,
     sigma: float,
     clip: float,
-    claim: float,
     delta: float,
     confidence: float,
     seed: int,
@@ -288,9 +296,13 @@ def _forced_audit(
     ``single=False``: every canary column flips its own coin each step (many samples per
     step; the three canary groups are audited separately, Bonferroni). ``single=True``: one
     Gaussian canary per step plus the background and spare columns' global features.
+    The claim is one step of the Gaussian mechanism at noise multiplier ``sigma`` (each
+    canary's release is a full-batch step, no subsampling).
     """
     from renyi import noise
 
+    steps = check_int("steps", steps, 8)
+    claim = float(gaussian_epsilon(1.0 / sigma, delta))
     gen = np.random.default_rng(seed)
     g = noise.lattice_step(sigma * clip)
     if single:
@@ -409,8 +421,7 @@ def audit_accumulate(
     """
     from torch import nn
 
-    sigma = sigma if sigma is not None else (2.0 if single else 4.0)
-    steps = steps if steps is not None else (500 if single else 200)
+    sigma, steps = _forced_defaults(single, sigma, steps)
 
     t = task if task is not None else (DiracTask(background=8) if single else DiracTask(192))
     model = t.model()
@@ -431,10 +442,9 @@ def audit_accumulate(
         return _forced_audit(
             step,
             t,
-            steps=check_int("steps", steps, 8),
+            steps=steps,
             sigma=sigma,
             clip=clip,
-            claim=float(gaussian_epsilon(1.0 / sigma, delta)),
             delta=delta,
             confidence=confidence,
             seed=seed,
@@ -503,8 +513,7 @@ def audit_capture(
     criterion, reduction, opts = _capture_setup(loss)
     if single is None:
         single = loss in ("class-weighted", "ignore-index")
-    sigma = sigma if sigma is not None else (2.0 if single else 4.0)
-    steps = steps if steps is not None else (500 if single else 200)
+    sigma, steps = _forced_defaults(single, sigma, steps)
     opts.setdefault("background", 8 if single else 0)
     opts.setdefault("canaries", canaries if canaries is not None else (64 if single else 192))
     t = DiracTask(**opts)
@@ -541,10 +550,9 @@ def audit_capture(
         return _forced_audit(
             step,
             t,
-            steps=check_int("steps", steps, 8),
+            steps=steps,
             sigma=sigma,
             clip=clip,
-            claim=float(gaussian_epsilon(1.0 / sigma, delta)),
             delta=delta,
             confidence=confidence,
             seed=seed,
