@@ -456,18 +456,24 @@ def _run_mechanism(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------ dpsgd
+def _read_config(path: str) -> dict[str, Any]:
+    """The JSON object of a ``--config`` file, or our error naming ``config``."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            loaded = json.load(fh)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise PrivacyParameterError(
+            f"config={path!r} is invalid: expected a readable JSON file ({exc})"
+        ) from None
+    if not isinstance(loaded, dict):
+        raise PrivacyParameterError(f"config={path!r} is invalid: expected an object")
+    return loaded
+
+
 def _dpsgd_options(args: argparse.Namespace) -> dict[str, Any]:
     opts: dict[str, Any] = {}
     if args.config:
-        try:
-            with open(args.config, encoding="utf-8") as fh:
-                loaded = json.load(fh)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise PrivacyParameterError(
-                f"config={args.config!r} is invalid: expected a readable JSON file ({exc})"
-            ) from None
-        if not isinstance(loaded, dict):
-            raise PrivacyParameterError(f"config={args.config!r} is invalid: expected an object")
+        loaded = _read_config(args.config)
         for key, value in loaded.items():
             k = key.replace("-", "_")
             if k not in _DPSGD_KEYS:
@@ -617,15 +623,7 @@ def _train_options(args: argparse.Namespace) -> argparse.Namespace:
     known = set(defaults)
     merged = dict(vars(args))
     if args.config:
-        try:
-            with open(args.config, encoding="utf-8") as fh:
-                loaded = json.load(fh)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise PrivacyParameterError(
-                f"config={args.config!r} is invalid: expected a readable JSON file ({exc})"
-            ) from None
-        if not isinstance(loaded, dict):
-            raise PrivacyParameterError(f"config={args.config!r} is invalid: expected an object")
+        loaded = _read_config(args.config)
         given: dict[str, Any] = {}
         for key, value in loaded.items():
             k = key.replace("-", "_")
