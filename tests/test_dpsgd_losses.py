@@ -334,3 +334,38 @@ def test_an_empty_batch_gives_zero_sums_and_validation_keeps_nothing_alive() -> 
 
 def _seams_of(cap: PerExampleCapture) -> list[Any]:
     return list(cap.seams.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "class-weights"])
+def test_cross_entropy_seed_in_closed_form_equals_autograd(
+    dtype: torch.dtype, weighted: bool
+) -> None:
+    """The NLL seed written directly (no autograd call per step) is bit for bit the gradient
+    autograd computes for the same term weights: rows of ignored targets zero, class weights
+    and the loss's factor applied, for random (signed) term weights as the probe uses too."""
+    from renyi.dpsgd import loss_graph
+    from renyi.dpsgd.loss_graph import SeamInfo, analyse_loss
+
+    torch.manual_seed(3)
+    y = nn.Linear(3, 5).to(dtype)(torch.randn(7, 3, dtype=dtype))
+    target = torch.tensor([0, 4, -100, 2, 2, -100, 1])
+    weight = torch.rand(5, dtype=dtype) + 0.5 if weighted else None
+    loss = 2.5 * F.cross_entropy(y, target, weight=weight, ignore_index=-100)
+    plan = analyse_loss([loss], {y.grad_fn: SeamInfo(None, 7)})
+    assert plan is not None
+    (r,) = plan.reductions
+    for w in (plan._term_weights(r), torch.randn(7, dtype=torch.float64)):
+        direct = loss_graph._nll_seed(r, w)
+        assert direct is not None
+        saved, r.name = r.name, "NllLossBackward0 (autograd path)"  # force the general path
+        try:
+            general = plan._seeds_for(r, w)
+        finally:
+            r.name = saved
+        assert len(direct) == len(general) == 1
+        assert direct[0][1].dtype == general[0][1].dtype == dtype
+        assert torch.equal(direct[0][1], general[0][1])
+        assert torch.equal(torch.signbit(direct[0][1]), torch.signbit(general[0][1]))
+    want = torch.where(target != -100, 2.5, 0.0).double()  # one term per example: rho or 0
+    assert torch.equal(plan._term_weights(r), want)

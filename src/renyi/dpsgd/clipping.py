@@ -66,6 +66,7 @@ from renyi.dpsgd.grad_sample import (
     _flatten_outputs,
     check_finite_losses,
     check_model,
+    exact_arithmetic,
     layer_per_example_grads,
     per_example_grads,
     per_example_losses,
@@ -568,7 +569,7 @@ class ClippedGradientEngine:
         weights: Mapping[str, Tensor],
     ) -> dict[str, Tensor]:
         sums: dict[str, Tensor] = {}
-        with _exact_arithmetic():
+        with exact_arithmetic():
             for lay, grads in by_layer.values():
                 local_w = {
                     local: weights[_full(lay, local)]
@@ -775,7 +776,7 @@ class ClippedGradientEngine:
 
     def _collect(self, rec: _Recording, batch: int) -> dict[str, tuple[_Layer | None, LayerGrads]]:
         """Per-layer gradient information from a recording whose backward has run."""
-        with _exact_arithmetic():
+        with exact_arithmetic():
             return self._collect_layers(rec, batch)
 
     def _collect_layers(
@@ -918,25 +919,13 @@ def is_engine_running() -> bool:
     return _RUNNING[0] > 0
 
 
-@contextmanager
-def _exact_arithmetic() -> Iterator[None]:
-    """Autocast off: norms and clipped sums must not be computed in bfloat16/float16 when the
-    caller's forward runs under autocast (the book-keeping products would be rounded)."""
-    with torch.autocast("cpu", enabled=False):
-        if torch.cuda.is_available():
-            with torch.autocast("cuda", enabled=False):
-                yield
-        else:
-            yield
-
-
 def _sq_norms(by_layer: Mapping[str, tuple[_Layer | None, LayerGrads]]) -> dict[str, Tensor]:
     """Per-example squared norm of every parameter; a parameter used by several layers
     (tied weights) gets the sum of its uses' squared norms and of the cross terms (a
     :class:`~renyi.dpsgd.ghost.TiedGrads` entry)."""
     sq: dict[str, Tensor] = {}
     tied: set[str] = set()
-    with _exact_arithmetic():
+    with exact_arithmetic():
         for lay, grads in by_layer.values():
             for local, v in grads.sq_norms().items():
                 full = _full(lay, local)

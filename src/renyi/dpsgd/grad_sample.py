@@ -75,6 +75,33 @@ class NonFiniteGradientError(RenyiError, ArithmeticError):
     """
 
 
+class exact_arithmetic:
+    """Autocast off, for the engine's book-keeping: norms, clipping weights, clipped sums and
+    the loss's seeds must not be computed in bfloat16/float16 when the caller's forward runs
+    under autocast (the products would be rounded).
+
+    Enters ``torch.autocast(..., enabled=False)`` only for the devices where autocast is on:
+    outside autocast (the common case) entering it changes nothing and costs a few
+    microseconds a call, several times a step.
+    """
+
+    __slots__ = ("_cms",)
+
+    def __enter__(self) -> None:
+        cms = []
+        if torch.is_autocast_enabled("cpu"):
+            cms.append(torch.autocast("cpu", enabled=False))
+        if torch.cuda.is_available() and torch.is_autocast_enabled("cuda"):
+            cms.append(torch.autocast("cuda", enabled=False))
+        for cm in cms:
+            cm.__enter__()
+        self._cms = cms
+
+    def __exit__(self, *exc: object) -> None:
+        for cm in reversed(self._cms):
+            cm.__exit__(*exc)
+
+
 # Layers that mix the examples of a batch in training mode, with the fix to suggest.
 _MIXING_LAYERS: tuple[tuple[type[nn.Module], str], ...] = (
     (

@@ -79,7 +79,7 @@ import torch
 from torch import Tensor
 from torch.autograd.graph import GradientEdge
 
-from renyi.dpsgd.grad_sample import UnsupportedModelError
+from renyi.dpsgd.grad_sample import UnsupportedModelError, exact_arithmetic
 from renyi.dpsgd.independence import ExampleMixingError
 
 __all__ = [
@@ -423,6 +423,39 @@ class Reduction:
     layout: str = "batch"  # how terms map to examples: batch (dim 0), flat, seqfirst
 
 
+def _nll_seed(r: Reduction, w: Tensor) -> list[tuple[GradientEdge, Tensor]] | None:
+    """The seed of an NLL loss over ``[B, C]`` log-probabilities (cross-entropy's) in closed
+    form, without an autograd call: ``d/dx sum_i w_i nll_i`` is ``-weight[t_i] w_i`` at
+    ``(i, t_i)`` and zero elsewhere (and in the rows of ignored targets). The same products,
+    in the same dtype, as torch's ``nll_loss_backward`` computes from ``w`` (float32 and
+    float64 inputs only; other cases return ``None`` and take the autograd path)."""
+    if r.name != "NllLossBackward0" or len(r.inputs) != 1 or r.inputs[0][0] != 0:
+        return None
+    x = r.saved[0]
+    target = r.node._saved_target
+    if (
+        x.ndim != 2
+        or x.dtype not in (torch.float32, torch.float64)
+        or target.ndim != 1
+        or target.shape[0] != x.shape[0]
+        or r.counted is None
+    ):
+        return None
+    _, node, k = r.inputs[0]
+    if _meta(node, k)[0] != x.dtype:
+        return None
+    counted = r.counted.reshape(-1)
+    weight = r.node._saved_weight
+    safe = torch.where(counted, target, torch.zeros((), dtype=target.dtype, device=target.device))
+    value = w.reshape(-1).to(x.dtype)
+    if weight is not None:
+        value = weight.to(x.dtype)[safe] * value
+    value = torch.where(counted, -value, torch.zeros((), dtype=x.dtype, device=x.device))
+    seed = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+    seed.scatter_(1, safe.unsqueeze(1), value.unsqueeze(1))
+    return [(GradientEdge(node, k), seed)]
+
+
 @dataclass
 class LossPlan:
     """How to back-propagate one loss per example (see the module docstring)."""
@@ -462,11 +495,15 @@ class LossPlan:
         if r.counted is None:
             per = _numel(r.shape) // self.batch if self.batch else 1
             return torch.full(r.shape, r.rho / max(per, 1), dtype=torch.float64, device=dev)
+        zero = torch.zeros((), dtype=torch.float64, device=dev)
+        if len(r.shape) == 1 and r.shape[0] == self.batch and r.layout == "batch":
+            # one term per example (cross-entropy over [B, C]): its count is 1 or 0, so the
+            # general case below is rho where counted, 0 elsewhere (rho / 1 is exact)
+            return torch.where(counted, r.rho, zero)
         idx = self._example_index(r)
         counts = torch.zeros(max(self.batch, 1), dtype=torch.float64, device=dev)
         counts.index_add_(0, idx.reshape(-1), counted.reshape(-1).to(torch.float64))
         per_term = counts.clamp_min(1.0)[idx]
-        zero = torch.zeros((), dtype=torch.float64, device=dev)
         return torch.where(counted, r.rho / per_term, zero)
 
     def _seeds_for(self, r: Reduction, w: Tensor) -> list[tuple[GradientEdge, Tensor]]:
@@ -475,6 +512,9 @@ class LossPlan:
             _, node, k = r.inputs[0]
             dtype, _ = _meta(node, k)
             return [(GradientEdge(node, k), w.to(dtype))]
+        direct = _nll_seed(r, w)
+        if direct is not None:
+            return direct
         diff = [i for i, _, _ in r.inputs]
         leaves = [
             s.detach().requires_grad_(i in diff) if isinstance(s, Tensor) else s
@@ -492,7 +532,7 @@ class LossPlan:
 
     def seeds(self) -> list[tuple[GradientEdge, Tensor]]:
         merged: dict[tuple[int, int], tuple[GradientEdge, Tensor]] = {}
-        with _exact():
+        with exact_arithmetic():
             for r in self.reductions:
                 for edge, g in self._seeds_for(r, self._term_weights(r)):
                     key = (id(edge.node), edge.output_nr)
@@ -537,7 +577,7 @@ class LossPlan:
             k = int(flat[rng.randrange(flat.numel())])
             one = torch.zeros(w.numel(), dtype=torch.float64, device=w.device)
             one[k] = 1.0
-            with _exact():
+            with exact_arithmetic():
                 seeds = self._seeds_for(r, one.reshape(w.shape))
             if not seeds:
                 continue
@@ -571,21 +611,6 @@ class LossPlan:
                     "only (no contrastive loss over the batch, no softmax over dim 0). "
                     "Nothing was released."
                 )
-
-
-class _exact:
-    """Autocast off (seeds are computed in the dtypes the graph expects)."""
-
-    def __enter__(self) -> None:
-        self._cms = [torch.autocast("cpu", enabled=False)]
-        if torch.cuda.is_available():
-            self._cms.append(torch.autocast("cuda", enabled=False))
-        for cm in self._cms:
-            cm.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        for cm in reversed(self._cms):
-            cm.__exit__(*exc)
 
 
 def _fix(op: str, what: str) -> UnsupportedLossError:
@@ -756,7 +781,7 @@ def _reduction(node: Any, seams: Mapping[Any, SeamInfo]) -> Reduction:
     terms = _FUSED[name](node)
     known = _terms_shape(name, node, saved)
     if known is None:
-        with torch._C.DisableTorchFunctionSubclass(), _exact(), torch.no_grad():
+        with torch._C.DisableTorchFunctionSubclass(), exact_arithmetic(), torch.no_grad():
             known = terms(*[s.detach() for s in saved]).shape
     shape = torch.Size(known)
     r = Reduction(node, name, mode, 0.0, torch.Size(shape), edges, terms, saved)
