@@ -322,6 +322,28 @@ def test_refuses_unclipped_sums_from_a_broken_engine() -> None:
         opt.add_clipped_sum(big, num_examples=1)
 
 
+def test_clipped_sum_checks_name_the_non_finite_parameter_and_survive_float32_overflow() -> None:
+    """The one-pass check of the sums (all norms at once) falls back to the per-parameter
+    one: a NaN names its parameter; float32 sums whose squares overflow (norm 3e19, finite)
+    are measured in float64 and refused as unclipped, not as non-finite."""
+    _, opt = _setup(clip=1.0)
+    names = [n for n, _ in opt.model.named_parameters()]
+    sums = {n: torch.zeros_like(p) for n, p in opt.model.named_parameters()}
+    sums[names[1]][0] = float("nan")
+    with pytest.raises(NonFiniteLossError, match=repr(names[1])):
+        opt.add_clipped_sum(sums, num_examples=1)
+    assert opt._summed is None
+    huge = {n: torch.full_like(p, 3e19) for n, p in opt.model.named_parameters()}
+    with pytest.raises(Exception, match="did not clip"):
+        opt.add_clipped_sum(huge, num_examples=1)
+    mixed = {n: torch.zeros_like(p) for n, p in opt.model.named_parameters()}
+    mixed[names[0]] = mixed[names[0]].double() + 1.0  # 6 entries of 1: norm 2.45 > 2 C
+    with pytest.raises(Exception, match="did not clip"):
+        opt.add_clipped_sum(mixed, num_examples=2)
+    opt.add_clipped_sum(mixed, num_examples=3)  # within 3 C: kept (a copy: caller's sums)
+    assert opt._summed is not None and opt._summed[names[0]] is not mixed[names[0]]
+
+
 def test_budget_hook_refuses_before_the_step() -> None:
     from renyi.errors import BudgetExceededError
 

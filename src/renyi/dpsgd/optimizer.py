@@ -163,6 +163,18 @@ def _slice(inputs: Any, start: int, stop: int) -> Any:
     return inputs[start:stop]
 
 
+def _fresh_capture(capture: Any) -> bool:
+    """Whether ``capture`` is renyi's own (:class:`~renyi.dpsgd.capture.PerExampleCapture`,
+    possibly in the engine's one-forward-per-step wrapper): its popped sums are new tensors
+    that nothing else holds, so the optimiser keeps them without a copy."""
+    from renyi.dpsgd.capture import PerExampleCapture
+    from renyi.dpsgd.engine import _OneForwardPerStep
+
+    if type(capture) is _OneForwardPerStep:
+        capture = capture.capture
+    return type(capture) is PerExampleCapture
+
+
 def _check_noise_source(source: Any, allow_predictable_noise: bool) -> bool:
     """True for renyi's own torch sources (exact type); a caller-supplied source is refused
     unless ``allow_predictable_noise`` (then False is returned and a warning is emitted)."""
@@ -478,27 +490,46 @@ class DPOptimizer(torch.optim.Optimizer):
 
     def add_clipped_sum(self, sums: Mapping[str, torch.Tensor], num_examples: int) -> None:
         """Add clipped sums computed elsewhere (e.g. by your own engine call) to this batch."""
+        self._add_sums(sums, num_examples, fresh=False)
+
+    def _add_sums(
+        self, sums: Mapping[str, torch.Tensor], num_examples: int, *, fresh: bool
+    ) -> None:
+        """:meth:`add_clipped_sum`; ``fresh``: the tensors are this batch's own (made by
+        renyi's capture for this step, referenced nowhere else), kept without a copy."""
         num_examples = check_int("num_examples", num_examples, 0)
-        self._check_finite(torch.zeros(0), dict(sums), num_examples)
+        self._check_finite(None, dict(sums), num_examples)
         missing = [name for name in self._param_names if name not in sums]
         if missing:
             raise fail("clipped sums", sorted(sums), f"a clipped sum for every parameter {missing}")
         if self._summed is None:
-            self._summed = {k: v.detach().clone() for k, v in sums.items()}
+            self._summed = {k: v.detach() if fresh else v.detach().clone() for k, v in sums.items()}
         else:
             for name, g in sums.items():
                 self._summed[name] = self._summed[name] + g
         self._examples_seen += num_examples
 
     def _check_finite(
-        self, losses: torch.Tensor, sums: dict[str, torch.Tensor], num_examples: int
+        self, losses: torch.Tensor | None, sums: dict[str, torch.Tensor], num_examples: int
     ) -> None:
-        if not bool(torch.isfinite(losses).all()):
+        """Refuse non-finite losses or clipped sums, and a sum longer than ``n C``."""
+        if losses is not None and not bool(torch.isfinite(losses).all()):
             bad = int((~torch.isfinite(losses)).sum())
             raise NonFiniteLossError(
                 f"{bad} of {losses.numel()} per-example losses are NaN or infinite; the step "
                 "was refused (lower the learning rate or check the data)"
             )
+        # the common case in one pass over all sums: one norm per tensor in its own dtype
+        # (torch._foreach_norm), their float64 norm (no overflow of the squares of the
+        # norms), one read. A non-finite total (a NaN/inf anywhere, or float32 squares
+        # that overflowed in a tensor's own norm) is redone tensor by tensor below.
+        tensors = [g.detach() for g in sums.values()]
+        if tensors and len({(g.dtype, g.device) for g in tensors}) == 1:
+            norms = torch.stack(torch._foreach_norm(tensors)).double()
+            total = float(torch.linalg.vector_norm(norms))
+            if math.isfinite(total):
+                self._check_bound(total * total, num_examples)
+                return
         sq = 0.0
         for name, g in sums.items():
             # one pass in the gradient's own dtype: a NaN/inf anywhere makes the norm
@@ -509,6 +540,9 @@ class DPOptimizer(torch.optim.Optimizer):
             if not math.isfinite(norm):
                 raise NonFiniteLossError(f"the clipped gradient sum of {name!r} is not finite")
             sq += norm * norm
+        self._check_bound(sq, num_examples)
+
+    def _check_bound(self, sq: float, num_examples: int) -> None:
         # Defence in depth: a sum of k vectors of norm <= C has norm <= k C.
         bound = num_examples * self.max_grad_norm * (1 + 1e-4) + 1e-6
         if math.sqrt(sq) > bound:
@@ -595,9 +629,9 @@ class DPOptimizer(torch.optim.Optimizer):
     # -- stage 3: scale -------------------------------------------------------------------
     def scale_grad(self) -> None:
         """Divide every gradient by the expected batch size q·n (a constant)."""
-        for p in self._params:
-            if p.grad is not None:
-                p.grad.div_(self.expected_batch_size)
+        grads = [p.grad for p in self._params if p.grad is not None]
+        if grads:  # one vectorised division (the same quotient per entry as div_)
+            torch._foreach_div_(grads, self.expected_batch_size)
 
     # -- stage 4: account -----------------------------------------------------------------
     def event_at(self, step: int) -> Event | None:
@@ -808,7 +842,7 @@ class DPOptimizer(torch.optim.Optimizer):
 
     def _add_captured(self, sums: dict[str, torch.Tensor], n: int, norms: torch.Tensor) -> None:
         """Add a captured batch's clipped sums (hook for subclasses that use the norms)."""
-        self.add_clipped_sum(sums, n)
+        self._add_sums(sums, n, fresh=_fresh_capture(self.capture))
 
     # -- privacy --------------------------------------------------------------------------
     def epsilon(self, delta: float) -> Any:
