@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
+from renyi.dpsgd import _scan_kernels
 from renyi.dpsgd.grad_sample import UnsupportedModelError
 
 __all__ = [
@@ -316,13 +317,20 @@ class _LSTMScan(torch.autograd.Function):
     """The LSTM recurrence from precomputed input projections ``gi`` ``[B, T, 4H]``.
 
     Forward: ``z_t = gi_t + W_hh h_{t-1} + b_hh``, gates ``i, f, g, o``, ``c_t = f c_{t-1} +
-    i g``, ``h_t = o tanh(c_t)`` (torch's equations), in a loop of batched operations without
-    autograd (one ``addmm`` and six element-wise operations a step, on views made once).
+    i g``, ``h_t = o tanh(c_t)`` (torch's equations), without autograd.
     Backward: back-propagation through time by hand, returning ``dL/dgi = dL/dz`` (the gate
     gradients, which the engine reads at ``gi``'s gradient slot), batch-first and contiguous,
     and the gradients of the initial states. The weights' own gradients are not formed (the
     engine computes the per-example ones from the gate gradients): ``W_hh.grad``/``b_hh.grad``
     stay unset.
+
+    On the CPU with numba installed both run as compiled loops
+    (:mod:`renyi.dpsgd._scan_kernels`; the forward in float32 only, see
+    :func:`_compiled_forward`), elsewhere as loops of batched torch operations
+    (:func:`_torch_forward`, :func:`_torch_backward`; any device and dtype). Benchmark LSTM
+    (B = 64, T = 32, H = 64, one thread): forward and backward 2.5 ms compiled against
+    4.9 ms for the torch loops, measured in one process (tests/test_dpsgd_lstm_scan.py
+    checks both against autograd in float64).
     """
 
     @staticmethod
@@ -332,72 +340,210 @@ class _LSTMScan(torch.autograd.Function):
         dt = gi.dtype
         with torch.autocast(gi.device.type, enabled=False), torch.no_grad():
             w = w_hh.detach().to(dt)
-            wt = w.t()
-            z_in = gi.detach().transpose(0, 1)  # time-major [T, B, 4H], contiguous per step
-            z_in = z_in + b_hh.detach().to(dt) if b_hh is not None else z_in.contiguous()
-            steps, batch, g4 = z_in.shape
-            hid = g4 // 4
-            acts = torch.empty(steps, batch, g4, dtype=dt, device=gi.device)
-            cs = torch.empty(steps + 1, batch, hid, dtype=dt, device=gi.device)
-            tcs = torch.empty(steps, batch, hid, dtype=dt, device=gi.device)
-            hs = torch.empty(steps, batch, hid, dtype=dt, device=gi.device)
-            cs[0] = c0.detach().to(dt)
-            gates = acts.view(steps, batch, 4, hid)
-            a_all, zs = acts.unbind(0), z_in.unbind(0)
-            a_i, a_f, a_g, a_o = (gates[:, :, k].unbind(0) for k in range(4))
-            c_all, tc_all, h_all = cs.unbind(0), tcs.unbind(0), hs.unbind(0)
-            h = h0.detach().to(dt)
-            for t in range(steps):
-                z = torch.addmm(zs[t], h, wt)
-                torch.sigmoid(z, out=a_all[t])
-                _tanh_into(z[:, 2 * hid : 3 * hid], a_g[t])
-                torch.mul(a_f[t], c_all[t], out=c_all[t + 1])
-                c_all[t + 1].addcmul_(a_i[t], a_g[t])
-                _tanh_into(c_all[t + 1], tc_all[t])
-                h = torch.mul(a_o[t], tc_all[t], out=h_all[t])
+            if _compiled(gi) and dt == torch.float32:
+                hs, acts, cs, tcs = _compiled_forward(gi, h0, c0, w, b_hh)
+            else:
+                hs, acts, cs, tcs = _torch_forward(gi, h0, c0, w, b_hh)
         ctx.save_for_backward(acts, cs, tcs, w)
         ctx.dtypes = (h0.dtype, c0.dtype)
         # outputs the loss does not use get None, not materialised zeros (a classifier on h_n)
         ctx.set_materialize_grads(False)
-        return hs.transpose(0, 1), hs[-1].clone(), cs[steps].clone()
+        return hs, hs[:, -1].clone(), cs[-1].clone()
 
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: Any, g_out: Tensor | None, g_h: Tensor | None, g_c: Tensor | None
     ) -> tuple[Tensor | None, ...]:
         acts, cs, tcs, w = ctx.saved_tensors
-        steps, batch, g4 = acts.shape
-        hid = g4 // 4
-        dt = acts.dtype
-        # gate-major contiguous copy: the vectorised products below then run on dense memory
-        i, f, g, o = acts.view(steps, batch, 4, hid).permute(2, 0, 1, 3).contiguous()
-        # local derivatives, vectorised over all steps: dz_{i,f,g} = dc * m3, dz_o = dh * m_o
-        m3 = torch.empty(steps, batch, 3, hid, dtype=dt, device=acts.device)
-        m_i, m_f, m_g = m3.unbind(2)
-        torch.mul(g, i - i * i, out=m_i)
-        torch.mul(cs[:-1], f - f * f, out=m_f)
-        torch.addcmul(i, i, g * g, value=-1, out=m_g)
-        m3_t = m3.unbind(0)
-        m_o = (tcs * (o - o * o)).unbind(0)
-        k = torch.addcmul(o, o, tcs * tcs, value=-1).unbind(0)  # dh -> dc
-        f_t = f.unbind(0)
-        dh = torch.zeros(batch, hid, dtype=dt, device=acts.device) if g_h is None else g_h.to(dt)
-        dc = torch.zeros(batch, hid, dtype=dt, device=acts.device) if g_c is None else g_c.to(dt)
-        go = None if g_out is None else g_out.to(dt).unbind(1)
-        # batch-first [B, T, 4H]: what the input projection's backward and the engine read
-        dz = torch.empty(batch, steps, g4, dtype=dt, device=acts.device)
-        d_all = dz.unbind(1)
-        d_ifg = dz[:, :, : 3 * hid].unflatten(2, (3, hid)).unbind(1)
-        d_o = dz[:, :, 3 * hid :].unbind(1)
-        for t in range(steps - 1, -1, -1):
-            if go is not None:
-                dh = dh + go[t]
-            dc = torch.addcmul(dc, dh, k[t])
-            torch.mul(m3_t[t], dc.unsqueeze(1), out=d_ifg[t])
-            torch.mul(dh, m_o[t], out=d_o[t])
-            dc = dc * f_t[t]
-            dh = torch.mm(d_all[t], w)
+        if _compiled(acts):
+            dz, dh, dc = _compiled_backward(acts, cs, tcs, w, g_out, g_h, g_c)
+        else:
+            dz, dh, dc = _torch_backward(acts, cs, tcs, w, g_out, g_h, g_c)
         return dz, dh.to(ctx.dtypes[0]), dc.to(ctx.dtypes[1]), None, None
+
+
+#: Whether :class:`_LSTMScan` may run the compiled kernels of
+#: :mod:`renyi.dpsgd._scan_kernels` (tests switch it off to compare with the torch loops).
+_USE_KERNELS = True
+
+
+def _compiled(t: Tensor) -> bool:
+    """Whether the compiled LSTM kernels apply to ``t``'s data: numba installed, CPU,
+    float32 or float64 (else the torch loops, any device and dtype)."""
+    return (
+        _USE_KERNELS
+        and _scan_kernels.available()
+        and t.device.type == "cpu"
+        and t.dtype in (torch.float32, torch.float64)
+    )
+
+
+def _np(t: Tensor) -> np.ndarray:
+    return t.numpy()  # type: ignore[no-any-return]
+
+
+def _compiled_forward(
+    gi: Tensor, h0: Tensor, c0: Tensor, w: Tensor, b_hh: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`renyi.dpsgd._scan_kernels.lstm_forward`: outputs ``[B, T, H]``, gates
+    ``[T, B, 4H]``, cell states ``[T + 1, B, H]`` and their ``tanh`` ``[T, B, H]``.
+
+    Used for float32 only: in float64 the kernel's scalar C-library ``exp``/``tanh`` are
+    slower than the torch loop with numpy's vectorised ``tanh`` (B = 64, T = 32, H = 64:
+    6.9 ms against 2.9 ms; float32: 1.2 ms against 1.6 ms)."""
+    dt = gi.dtype
+    batch, steps, g4 = (int(s) for s in gi.shape)
+    hid = g4 // 4
+
+    def new(*shape: int) -> Tensor:
+        return torch.empty(shape, dtype=dt)
+
+    bias = torch.zeros(g4, dtype=dt) if b_hh is None else b_hh.detach().to(dt).contiguous()
+    acts, cs, tcs, hs = (
+        new(steps, batch, g4),
+        new(steps + 1, batch, hid),
+        new(steps, batch, hid),
+        new(batch, steps, hid),
+    )
+    args = (
+        gi.detach().contiguous(),
+        bias,
+        h0.detach().to(dt).contiguous(),
+        c0.detach().to(dt).contiguous(),
+        w.t().contiguous(),
+        acts,
+        cs,
+        tcs,
+        hs,
+        new(batch, hid),
+        new(batch, g4),
+    )
+    old = _scan_kernels.blas_threads(torch.get_num_threads())
+    try:
+        _scan_kernels.lstm_forward(*(_np(a) for a in args))
+    finally:
+        _scan_kernels.restore_blas_threads(old)
+    return hs, acts, cs, tcs
+
+
+def _compiled_backward(
+    acts: Tensor,
+    cs: Tensor,
+    tcs: Tensor,
+    w: Tensor,
+    g_out: Tensor | None,
+    g_h: Tensor | None,
+    g_c: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`renyi.dpsgd._scan_kernels.lstm_backward`: gate gradients ``[B, T, 4H]`` and the
+    gradients at ``h_0``, ``c_0``."""
+    steps, batch, g4 = (int(s) for s in acts.shape)
+    hid = g4 // 4
+    dt = acts.dtype
+
+    def state(g: Tensor | None) -> Tensor:
+        if g is None:
+            return torch.zeros(batch, hid, dtype=dt)
+        return g.detach().to(dt).contiguous().clone()
+
+    dh, dc = state(g_h), state(g_c)
+    go = torch.zeros(1, 1, 1, dtype=dt) if g_out is None else g_out.detach().to(dt).contiguous()
+    dz = torch.empty(batch, steps, g4, dtype=dt)
+    scratch = torch.empty(batch, g4, dtype=dt)
+    old = _scan_kernels.blas_threads(torch.get_num_threads())
+    try:
+        _scan_kernels.lstm_backward(
+            _np(acts),
+            _np(cs),
+            _np(tcs),
+            _np(w.contiguous()),
+            _np(go),
+            g_out is not None,
+            _np(dh),
+            _np(dc),
+            _np(dz),
+            _np(scratch),
+        )
+    finally:
+        _scan_kernels.restore_blas_threads(old)
+    return dz, dh, dc
+
+
+def _torch_forward(
+    gi: Tensor, h0: Tensor, c0: Tensor, w: Tensor, b_hh: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The forward as a loop of batched torch operations (one ``addmm`` and six element-wise
+    operations a step, on views made once); same results as :func:`_compiled_forward`."""
+    dt = gi.dtype
+    wt = w.t()
+    z_in = gi.detach().transpose(0, 1)  # time-major [T, B, 4H], contiguous per step
+    z_in = z_in + b_hh.detach().to(dt) if b_hh is not None else z_in.contiguous()
+    steps, batch, g4 = z_in.shape
+    hid = g4 // 4
+    acts = torch.empty(steps, batch, g4, dtype=dt, device=gi.device)
+    cs = torch.empty(steps + 1, batch, hid, dtype=dt, device=gi.device)
+    tcs = torch.empty(steps, batch, hid, dtype=dt, device=gi.device)
+    hs = torch.empty(steps, batch, hid, dtype=dt, device=gi.device)
+    cs[0] = c0.detach().to(dt)
+    gates = acts.view(steps, batch, 4, hid)
+    a_all, zs = acts.unbind(0), z_in.unbind(0)
+    a_i, a_f, a_g, a_o = (gates[:, :, k].unbind(0) for k in range(4))
+    c_all, tc_all, h_all = cs.unbind(0), tcs.unbind(0), hs.unbind(0)
+    h = h0.detach().to(dt)
+    for t in range(steps):
+        z = torch.addmm(zs[t], h, wt)
+        torch.sigmoid(z, out=a_all[t])
+        _tanh_into(z[:, 2 * hid : 3 * hid], a_g[t])
+        torch.mul(a_f[t], c_all[t], out=c_all[t + 1])
+        c_all[t + 1].addcmul_(a_i[t], a_g[t])
+        _tanh_into(c_all[t + 1], tc_all[t])
+        h = torch.mul(a_o[t], tc_all[t], out=h_all[t])
+    return hs.transpose(0, 1), acts, cs, tcs
+
+
+def _torch_backward(
+    acts: Tensor,
+    cs: Tensor,
+    tcs: Tensor,
+    w: Tensor,
+    g_out: Tensor | None,
+    g_h: Tensor | None,
+    g_c: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Back-propagation through time as a loop of batched torch operations; same results
+    as :func:`_compiled_backward`."""
+    steps, batch, g4 = acts.shape
+    hid = g4 // 4
+    dt = acts.dtype
+    # gate-major contiguous copy: the vectorised products below then run on dense memory
+    i, f, g, o = acts.view(steps, batch, 4, hid).permute(2, 0, 1, 3).contiguous()
+    # local derivatives, vectorised over all steps: dz_{i,f,g} = dc * m3, dz_o = dh * m_o
+    m3 = torch.empty(steps, batch, 3, hid, dtype=dt, device=acts.device)
+    m_i, m_f, m_g = m3.unbind(2)
+    torch.mul(g, i - i * i, out=m_i)
+    torch.mul(cs[:-1], f - f * f, out=m_f)
+    torch.addcmul(i, i, g * g, value=-1, out=m_g)
+    m3_t = m3.unbind(0)
+    m_o = (tcs * (o - o * o)).unbind(0)
+    k = torch.addcmul(o, o, tcs * tcs, value=-1).unbind(0)  # dh -> dc
+    f_t = f.unbind(0)
+    dh = torch.zeros(batch, hid, dtype=dt, device=acts.device) if g_h is None else g_h.to(dt)
+    dc = torch.zeros(batch, hid, dtype=dt, device=acts.device) if g_c is None else g_c.to(dt)
+    go = None if g_out is None else g_out.to(dt).unbind(1)
+    # batch-first [B, T, 4H]: what the input projection's backward and the engine read
+    dz = torch.empty(batch, steps, g4, dtype=dt, device=acts.device)
+    d_all = dz.unbind(1)
+    d_ifg = dz[:, :, : 3 * hid].unflatten(2, (3, hid)).unbind(1)
+    d_o = dz[:, :, 3 * hid :].unbind(1)
+    for t in range(steps - 1, -1, -1):
+        if go is not None:
+            dh = dh + go[t]
+        dc = torch.addcmul(dc, dh, k[t])
+        torch.mul(m3_t[t], dc.unsqueeze(1), out=d_ifg[t])
+        torch.mul(dh, m_o[t], out=d_o[t])
+        dc = dc * f_t[t]
+        dh = torch.mm(d_all[t], w)
+    return dz, dh, dc
 
 
 # ---------------------------------------------------------------- attention

@@ -1,0 +1,273 @@
+"""The LSTM recurrence of :class:`renyi.dpsgd.decomposed._LSTMScan` as compiled loops (numba).
+
+The recurrence is sequential: each step is one small matrix product ``h_{t-1} W_hh^T``
+(``[B, H] x [H, 4H]``) and a few element-wise operations on ``[B, 4H]``. Run as a Python
+loop of torch operations it costs about ten operator dispatches a step, more than the
+arithmetic at the sizes DP-SGD trains (``B = 64``, ``H = 64``: the matrix product is about
+20 us). Here one compiled call runs the whole sequence: the products through BLAS
+(numba's ``np.dot``, scipy's OpenBLAS, limited to torch's thread count while it runs), the
+element-wise work fused in one loop per step.
+
+Forward (:func:`lstm_forward`): gates ``z_t = gi_t + h_{t-1} W_hh^T + b_hh``, ``i, f, o =
+sigmoid``, ``g = tanh``, ``c_t = f c_{t-1} + i g``, ``h_t = o tanh(c_t)`` (torch's equations).
+In float64 the activations are the C library's ``exp``/``tanh`` (as torch's CPU kernels,
+to rounding). In float32 they are computed by :func:`exp32`-based formulas that the
+compiler vectorises (the C library's scalar ``expf``/``tanhf`` would cost more than the
+whole step): ``exp`` by Cody–Waite reduction ``x = k ln2 + r``, ``|r| <= ln2 / 2``, and its
+Taylor polynomial of degree 7 (truncation below ``2**-27`` relative) scaled by ``2**k``;
+``sigmoid(x) = 1 / (1 + exp(-x))``; ``tanh`` by its odd Taylor series to ``x**13`` for
+``|x| < 0.4`` (truncation below ``2**-27`` relative) and ``1 - 2 / (exp(2|x|) + 1)`` above.
+Their errors against the exact functions are a few float32 ulps (tests/test_dpsgd_lstm_scan.py
+measures them on a dense grid); NaN propagates, ``+-inf`` saturate.
+
+Backward (:func:`lstm_backward`): back-propagation through time from the saved gates, cell
+states and ``tanh(c_t)`` (no transcendental function), the gate gradients written
+batch-first ``[B, T, 4H]``, ``dh_{t-1} = dz_t W_hh`` through BLAS.
+
+Privacy does not depend on these being exact: the engine's per-example norms and clipped
+sums are both computed from the same gate gradients this backward returns.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+njit: Any
+try:  # pragma: no cover - exercised when numba is installed
+    from llvmlite import ir
+    from numba import njit, types
+    from numba.extending import intrinsic, overload
+except ImportError:  # pragma: no cover
+    njit = None
+
+__all__ = [
+    "available",
+    "blas_threads",
+    "exp32",
+    "lstm_backward",
+    "lstm_forward",
+    "sigmoid32",
+    "tanh32",
+]
+
+_F = np.float32
+# exp: x clamped so that 2**k stays a normal float32 (k in [-126, 127])
+_EXP_LO, _EXP_HI = _F(-87.0), _F(88.0)
+_LOG2E = _F(1.0 / math.log(2.0))
+_HALF = _F(0.5)
+# ln 2 split in a part with 9 significant bits (k * _LN2_HI is exact for |k| < 2**15)
+# and the float32 rounding of the rest (Cody & Waite 1980)
+_LN2_HI = _F(0.693359375)
+_LN2_LO = _F(math.log(2.0) - 0.693359375)
+_E2, _E3, _E4, _E5, _E6, _E7 = (_F(1.0 / math.factorial(k)) for k in range(2, 8))
+_ONE, _TWO = _F(1.0), _F(2.0)
+_BIAS = np.int32(127)
+_SHIFT = np.int32(23)
+# tanh's odd Taylor series: x - x^3/3 + 2x^5/15 - 17x^7/315 + 62x^9/2835 - ...
+_T3, _T5, _T7 = _F(-1.0 / 3.0), _F(2.0 / 15.0), _F(-17.0 / 315.0)
+_T9, _T11, _T13 = _F(62.0 / 2835.0), _F(-1382.0 / 155925.0), _F(21844.0 / 6081075.0)
+_TANH_SMALL = _F(0.4)
+
+
+def available() -> bool:
+    """Whether numba is installed (the kernels exist)."""
+    return njit is not None
+
+
+_blas: Any = None
+
+
+def blas_threads(n: int) -> list[tuple[Any, int]]:
+    """Set the OpenBLAS libraries loaded in the process (numba's ``np.dot`` calls scipy's) to
+    ``n`` threads; returns what to restore with :func:`restore_blas_threads`.
+
+    Without it OpenBLAS runs the recurrence's small products on every core, while torch
+    (and the caller) asked for ``torch.get_num_threads()``."""
+    global _blas
+    if _blas is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            _blas = [
+                c for c in ThreadpoolController().lib_controllers if c.internal_api == "openblas"
+            ]
+        except Exception:  # pragma: no cover - threadpoolctl missing or failing
+            _blas = []
+    old = []
+    for lib in _blas:
+        have = int(lib.get_num_threads())
+        if have != n:
+            lib.set_num_threads(n)
+            old.append((lib, have))
+    return old
+
+
+def restore_blas_threads(old: list[tuple[Any, int]]) -> None:
+    for lib, n in old:
+        lib.set_num_threads(n)
+
+
+exp32: Any = None
+sigmoid32: Any = None
+tanh32: Any = None
+lstm_forward: Any = None
+lstm_backward: Any = None
+
+if njit is not None:  # the compiled functions, defined only with numba
+
+    @intrinsic
+    def _bits_f32(typingctx: Any, x: Any) -> Any:
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            return builder.bitcast(args[0], ir.FloatType())
+
+        return types.float32(types.int32), codegen
+
+    @njit(inline="always", error_model="numpy")
+    def _exp32(x):  # type: ignore[no-untyped-def]
+        y = x if x > _EXP_LO else _EXP_LO
+        y = y if y < _EXP_HI else _EXP_HI
+        k = np.floor(y * _LOG2E + _HALF)
+        r = (y - k * _LN2_HI) - k * _LN2_LO
+        p = _E6 + r * _E7
+        p = _E5 + r * p
+        p = _E4 + r * p
+        p = _E3 + r * p
+        p = _E2 + r * p
+        p = _ONE + r * p
+        p = _ONE + r * p
+        scale = _bits_f32((np.int32(k) + _BIAS) << _SHIFT)
+        e = p * scale
+        return e if x == x else x
+
+    @njit(inline="always", error_model="numpy")
+    def _sigmoid32(x):  # type: ignore[no-untyped-def]
+        return _ONE / (_ONE + _exp32(-x))
+
+    @njit(inline="always", error_model="numpy")
+    def _tanh32(x):  # type: ignore[no-untyped-def]
+        a = abs(x)
+        x2 = x * x
+        p = _T11 + x2 * _T13
+        p = _T9 + x2 * p
+        p = _T7 + x2 * p
+        p = _T5 + x2 * p
+        p = _T3 + x2 * p
+        small = x + (x * x2) * p
+        big = _ONE - _TWO / (_exp32(a + a) + _ONE)
+        big = big if x > 0 else -big
+        return small if a < _TANH_SMALL else big
+
+    def _sig(x):  # type: ignore[no-untyped-def]  # pragma: no cover - the overload's
+        raise NotImplementedError
+
+    def _tanh(x):  # type: ignore[no-untyped-def]  # pragma: no cover - the overload's
+        raise NotImplementedError
+
+    def _one(x):  # type: ignore[no-untyped-def]  # pragma: no cover - the overload's
+        raise NotImplementedError
+
+    @overload(_sig)
+    def _sig_impl(x):  # type: ignore[no-untyped-def]
+        if x == types.float32:
+            return lambda x: _sigmoid32(x)
+        return lambda x: 1.0 / (1.0 + math.exp(-x))
+
+    @overload(_tanh)
+    def _tanh_impl(x):  # type: ignore[no-untyped-def]
+        if x == types.float32:
+            return lambda x: _tanh32(x)
+        return lambda x: math.tanh(x)
+
+    @overload(_one)
+    def _one_impl(x):  # type: ignore[no-untyped-def]
+        """1 in the precision of the array ``x``."""
+        if x.dtype == types.float32:
+            return lambda x: np.float32(1.0)
+        return lambda x: np.float64(1.0)
+
+    @njit(error_model="numpy", cache=True)
+    def _exp32_array(x, out):  # type: ignore[no-untyped-def]
+        for k in range(x.size):
+            out[k] = _exp32(x[k])
+
+    @njit(error_model="numpy", cache=True)
+    def _sigmoid32_array(x, out):  # type: ignore[no-untyped-def]
+        for k in range(x.size):
+            out[k] = _sigmoid32(x[k])
+
+    @njit(error_model="numpy", cache=True)
+    def _tanh32_array(x, out):  # type: ignore[no-untyped-def]
+        for k in range(x.size):
+            out[k] = _tanh32(x[k])
+
+    exp32, sigmoid32, tanh32 = _exp32_array, _sigmoid32_array, _tanh32_array
+
+    # Each loop below writes one array: LLVM vectorises a loop only when it can rule out
+    # overlap between the arrays it writes and reads, by a bounded number of run-time checks.
+
+    @njit(nogil=True, error_model="numpy", cache=True)
+    def _lstm_forward(gi, b_hh, h0, c0, wt, acts, cs, tcs, hs, h, z):  # type: ignore[no-untyped-def]
+        """``gi`` ``[B, T, 4H]``, ``b_hh`` ``[4H]``, ``h0``/``c0`` ``[B, H]``, ``wt`` =
+        ``W_hh^T`` ``[H, 4H]``; writes the gates ``acts`` ``[T, B, 4H]``, cell states ``cs``
+        ``[T + 1, B, H]``, ``tanh(c_t)`` ``tcs`` ``[T, B, H]``, outputs ``hs`` ``[B, T, H]``;
+        ``h`` ``[B, H]`` and ``z`` ``[B, 4H]`` are scratch (``h`` ends as ``h_T``)."""
+        batch, steps, g4 = gi.shape
+        hid = g4 // 4
+        h[:, :] = h0
+        cs[0, :, :] = c0
+        for t in range(steps):
+            np.dot(h, wt, z)
+            for b in range(batch):
+                zb, gb, ab = z[b], gi[b, t], acts[t, b]
+                cp, cn, tc, hb = cs[t, b], cs[t + 1, b], tcs[t, b], h[b]
+                for k in range(g4):
+                    zb[k] += gb[k] + b_hh[k]
+                for k in range(2 * hid):
+                    ab[k] = _sig(zb[k])
+                for k in range(2 * hid, 3 * hid):
+                    ab[k] = _tanh(zb[k])
+                for k in range(3 * hid, g4):
+                    ab[k] = _sig(zb[k])
+                for j in range(hid):
+                    cn[j] = ab[hid + j] * cp[j] + ab[j] * ab[2 * hid + j]
+                for j in range(hid):
+                    tc[j] = _tanh(cn[j])
+                for j in range(hid):
+                    hb[j] = ab[3 * hid + j] * tc[j]
+            hs[:, t, :] = h
+
+    @njit(nogil=True, error_model="numpy", cache=True)
+    def _lstm_backward(acts, cs, tcs, w, go, has_go, dh, dc, dz, s):  # type: ignore[no-untyped-def]
+        """Back-propagation through time: ``go`` ``[B, T, H]`` the gradients at the outputs
+        (read when ``has_go``), ``dh``/``dc`` ``[B, H]`` those at ``h_T``/``c_T`` on entry and
+        at ``h_0``/``c_0`` on return; writes the gate gradients ``dz`` ``[B, T, 4H]``; ``w`` =
+        ``W_hh`` ``[4H, H]``, ``s`` ``[B, 4H]`` scratch."""
+        steps, batch, g4 = acts.shape
+        hid = g4 // 4
+        one = _one(acts)
+        for t in range(steps - 1, -1, -1):
+            if has_go:
+                dh += go[:, t, :]
+            for b in range(batch):
+                ab, cp, tc, dhb, dcb, sb = acts[t, b], cs[t, b], tcs[t, b], dh[b], dc[b], s[b]
+                for j in range(hid):  # dc_t += dh_t o (1 - tanh(c_t)^2)
+                    dcb[j] += dhb[j] * ab[3 * hid + j] * (one - tc[j] * tc[j])
+                for j in range(hid):  # d i
+                    sb[j] = dcb[j] * ab[2 * hid + j] * (ab[j] - ab[j] * ab[j])
+                for j in range(hid):  # d f
+                    sb[hid + j] = dcb[j] * cp[j] * (ab[hid + j] - ab[hid + j] * ab[hid + j])
+                for j in range(hid):  # d g
+                    g = ab[2 * hid + j]
+                    sb[2 * hid + j] = dcb[j] * ab[j] * (one - g * g)
+                for j in range(hid):  # d o
+                    o = ab[3 * hid + j]
+                    sb[3 * hid + j] = dhb[j] * tc[j] * (o - o * o)
+                for j in range(hid):  # dc_{t-1}
+                    dcb[j] *= ab[hid + j]
+            dz[:, t, :] = s
+            np.dot(s, w, dh)
+
+    lstm_forward, lstm_backward = _lstm_forward, _lstm_backward
