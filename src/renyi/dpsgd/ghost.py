@@ -209,7 +209,12 @@ def _sq(x: Tensor, dims: tuple[int, ...]) -> Tensor:
     overflowed (float32 squares overflow above 1.8e19), underflowed, or is not finite are
     recomputed in float64, so the result is never an underestimate from overflow/underflow.
     """
-    norms = torch.linalg.vector_norm(x, dim=dims)
+    return _squared(torch.linalg.vector_norm(x, dim=dims), x)
+
+
+def _squared(norms: Tensor, x: Tensor) -> Tensor:
+    """:func:`_sq` from ``norms``, the ``vector_norm`` of each row of ``x`` over all its
+    trailing dimensions (computed by the caller, e.g. chunk by chunk while in cache)."""
     if norms.dtype == torch.float64:
         return norms * norms
     out = norms.double().square_()
@@ -637,6 +642,10 @@ def _pad_input(module: nn.Conv1d | nn.Conv2d, x: Tensor) -> Tensor:
 #: Fastest exact per-example strategy of each convolution shape, timed once (see _ConvGrads).
 _CONV_STRATEGY: dict[tuple[Any, ...], str] = {}
 
+#: Bytes of patches per chunk of examples in ``_ConvGrads._grads_bmm`` on the CPU (the
+#: benchmark CNN's second convolution: 40 examples, a third faster than the whole batch).
+_CONV_CHUNK_BYTES = 1 << 20
+
 
 class _ConvGrads:
     """Conv1d/Conv2d: ``g_i = sum_l b_il p_il^T`` over output positions ``l``, with ``p_il`` the
@@ -648,9 +657,16 @@ class _ConvGrads:
     product of output gradients and patches), ``grouped`` (the same per-example gradient as one
     grouped convolution of the input with the output gradients). The fastest for the shape is
     timed once (best of three; CPU time when torch runs one thread) and remembered; ``gram``
-    is only considered under Bu et al.'s rule ``2 L^2 < K O``. The clipped sum is the layer's
-    weight gradient with the output gradients re-weighted (book-keeping), computed by torch's
-    convolution backward.
+    is only considered under Bu et al.'s rule ``2 L^2 < K O``. With per-example gradients the
+    clipped sum is their ``B``-term weighted sum (one matrix-vector product); with ``gram`` it
+    is the layer's weight gradient with the output gradients re-weighted (book-keeping),
+    computed by torch's convolution backward.
+
+    The per-example gradients stay in the layout their product wrote them in (``bmm`` with one
+    group: features ordered ``(kh, kw, C)``; ``grouped``: the convolution's ``[C, B, O, kh,
+    kw]``): norms do not depend on the order, and only the ``[O, C, kh, kw]`` weighted sum is
+    permuted into the weight's layout. (Permuting the ``[B, O, C kh kw]`` tensor itself cost
+    more than the product on the benchmark CNN.)
     """
 
     def __init__(
@@ -666,50 +682,78 @@ class _ConvGrads:
             xp = _pad_input(module, x)
             self.calls.append((xp, g.reshape(batch, o, -1, g.shape[-1])))
         self.names, self.batch = tuple(names), batch
-        self._per_example: Tensor | None = None
+        # per-example gradients in the strategy's layout (see _sq_pe, _sum_pe), their norms
+        self._per_example: tuple[Tensor, Tensor | None] | None = None
+        self._bias: Tensor | None = None
         self.strategy = self._choose() if "weight" in self.names else "none"
 
     # -- the three strategies ------------------------------------------------------------
     def _patches(self, xp: Tensor, g: Tensor) -> Tensor:
-        """im2col of one call, ``[B, G, L, K]`` (a copy of a strided view of the input).
+        """im2col of one call, ``[B G, L, K]`` (a copy of a strided view of the input).
 
         With one group the input is made channels-last first, so the copy moves runs of
-        ``C`` contiguous values and the features are ordered ``(kh, kw, C)``; with several
+        ``kw C`` contiguous values and the features are ordered ``(kh, kw, C)``; with several
         groups they are ordered ``(Cg, kh, kw)`` as in the weight.
         """
         (kh, kw), (sh, sw), (dh, dw) = self.kernel, self.stride, self.dilation
         b, c = xp.shape[:2]
         ho, wo = g.shape[2], g.shape[3]
         if self.groups == 1:
+            if c > 1 and xp.device.type == "cpu":
+                # one sequential read first: transposing an input that is not in cache took
+                # twice as long as reading it and then transposing it (benchmark CNN)
+                xp.sum()
             xn = xp.permute(0, 2, 3, 1).contiguous()  # [B, H, W, C]
             st = xn.stride()
             view = xn.as_strided(
                 (b, ho, wo, kh, kw, c),
                 (st[0], st[1] * sh, st[2] * sw, st[1] * dh, st[2] * dw, st[3]),
             )
-            return view.reshape(b, 1, ho * wo, kh * kw * c)
+            return view.reshape(b, ho * wo, kh * kw * c)
         xc = xp.contiguous()
         st = xc.stride()
+        cg = c // self.groups
         view = xc.as_strided(
-            (b, ho, wo, c, kh, kw),
-            (st[0], st[2] * sh, st[3] * sw, st[1], st[2] * dh, st[3] * dw),
+            (b, self.groups, ho, wo, cg, kh, kw),
+            (st[0], st[1] * cg, st[2] * sh, st[3] * sw, st[1], st[2] * dh, st[3] * dw),
         )
-        patches = view.reshape(b, ho * wo, self.groups, -1)
-        return patches.transpose(1, 2)  # [B, G, L, Cg kh kw]
+        return view.reshape(b * self.groups, ho * wo, cg * kh * kw)
 
-    def _grads_bmm(self) -> Tensor:
+    def _chunk(self) -> int:
+        """Examples per chunk of the ``bmm`` pipeline: on the CPU about ``_CONV_CHUNK_BYTES``
+        of patches, so that the patches, their product and its norms are formed while in
+        cache; elsewhere the whole batch."""
+        if self.calls[0][1].device.type != "cpu":
+            return max(1, self.batch)
+        _, cg, kh, kw = self.shape2d
+        length = max(g.shape[2] * g.shape[3] for _, g in self.calls)
+        size = length * self.groups * cg * kh * kw * self.calls[0][1].element_size()
+        return max(1, _CONV_CHUNK_BYTES // max(1, size))
+
+    def _grads_bmm(self) -> tuple[Tensor, Tensor]:
+        """Per-example gradients ``[B, G, Og, K]`` (features ordered as by :meth:`_patches`)
+        and their norms ``[B]``, formed chunk by chunk of examples (one batched product of
+        output gradients and patches per chunk and call)."""
         o, cg, kh, kw = self.shape2d
-        parts = []
-        for xp, g in self.calls:
-            a = self._patches(xp, g)  # [B, G, L, K]
-            bg = g.reshape(self.batch, self.groups, -1, a.shape[2])  # [B, G, Og, L]
-            pe = torch.matmul(bg, a)  # [B, G, Og, K]
-            if self.groups == 1:  # features ordered (kh, kw, C): back to the weight's layout
-                pe = pe.reshape(self.batch, o, kh, kw, cg).permute(0, 1, 4, 2, 3)
-            parts.append(pe.reshape(self.batch, o, cg, kh, kw))
-        return _sum(parts)
+        groups, g0 = self.groups, self.calls[0][1]
+        pe = g0.new_empty(self.batch, groups, o // groups, cg * kh * kw)
+        norms = g0.new_empty(self.batch)
+        step = self._chunk()
+        for i in range(0, self.batch, step):
+            j = min(i + step, self.batch)
+            dst = pe[i:j].view((j - i) * groups, o // groups, -1)
+            for n, (xp, g) in enumerate(self.calls):
+                a = self._patches(xp[i:j], g[i:j])  # [(j - i) G, L, K]
+                bg = g[i:j].reshape(dst.shape[0], dst.shape[1], -1)  # [(j - i) G, Og, L]
+                if n == 0:
+                    torch.bmm(bg, a, out=dst)
+                else:
+                    dst.baddbmm_(bg, a)
+            torch.linalg.vector_norm(pe[i:j], dim=(1, 2, 3), out=norms[i:j])
+        return pe, norms
 
     def _grads_grouped(self) -> Tensor:
+        """``[C, B, O, kh, kw]`` (one group)."""
         o, c, kh, kw = self.shape2d
         parts = []
         for xp, g in self.calls:
@@ -717,12 +761,40 @@ class _ConvGrads:
             out = F.conv2d(
                 xp.transpose(0, 1), w, stride=self.dilation, dilation=self.stride, groups=self.batch
             )  # [C, B * O, >= kh, >= kw]
-            pe = out[:, :, :kh, :kw].reshape(c, self.batch, o, kh, kw)
-            parts.append(pe.permute(1, 2, 0, 3, 4))
+            parts.append(out[:, :, :kh, :kw].reshape(c, self.batch, o, kh, kw))
         return _sum(parts)
 
+    def _compute(self, name: str) -> tuple[Tensor, Tensor | None]:
+        """Per-example gradients in ``name``'s layout, and their norms when formed with them."""
+        return (self._grads_grouped(), None) if name == "grouped" else self._grads_bmm()
+
+    def _sq_pe(self, name: str, pe: Tensor, norms: Tensor | None) -> Tensor:
+        """Per-example squared norms of per-example gradients in ``name``'s layout."""
+        if name == "grouped":
+            pe = pe.movedim(1, 0)  # [B, C, O, kh, kw], a view
+        if norms is not None:
+            return _squared(norms, pe)
+        return _sq(pe, tuple(range(1, pe.ndim)))
+
+    def _sum_pe(self, name: str, pe: Tensor, w: Tensor) -> Tensor:
+        """``sum_i w_i g_i`` in the weight's layout from per-example gradients in ``name``'s."""
+        o, cg, kh, kw = self.shape2d
+        if name == "grouped":  # [C, B, O, kh, kw]
+            s = torch.matmul(w, pe.reshape(cg, self.batch, -1))  # [C, O kh kw]
+            return s.reshape(cg, o, kh, kw).transpose(0, 1)
+        s = torch.mv(pe.reshape(self.batch, -1).t(), w)
+        if self.groups == 1:  # features ordered (kh, kw, C)
+            return s.reshape(o, kh, kw, cg).permute(0, 3, 1, 2)
+        return s.reshape(o, cg, kh, kw)
+
     def _sq_gram(self) -> Tensor:
-        a = _cat([self._patches(xp, g) for xp, g in self.calls], dim=2)  # [B, G, L, K]
+        a = _cat(
+            [
+                self._patches(xp, g).view(self.batch, self.groups, g.shape[2] * g.shape[3], -1)
+                for xp, g in self.calls
+            ],
+            dim=2,
+        )  # [B, G, L, K]
         b = _cat(
             [
                 g.reshape(self.batch, self.groups, -1, g.shape[2] * g.shape[3])
@@ -763,14 +835,14 @@ class _ConvGrads:
                 for name in candidates:
                     _synchronize(g0)
                     start = clock()
-                    with torch.no_grad():  # the norms, then the clipped sum (book-keeping)
+                    with torch.no_grad():  # the norms, then the clipped sum: as used below
                         if name == "gram":
                             self._sq_gram()
                             self._conv_weight_sum(ones)
                         else:
-                            pe = self._compute(name)
-                            _sq(pe, (1, 2, 3, 4))
-                            torch.tensordot(ones, pe, dims=([0], [0]))
+                            pe, norms = self._compute(name)
+                            self._sq_pe(name, pe, norms)
+                            self._sum_pe(name, pe, ones)
                     _synchronize(g0)
                     timing[name] = min(timing[name], clock() - start)
             _CONV_STRATEGY[key] = min(timing, key=timing.__getitem__)
@@ -793,13 +865,26 @@ class _ConvGrads:
         ]
         return _sum(parts)
 
-    def _compute(self, name: str) -> Tensor:
-        return self._grads_grouped() if name == "grouped" else self._grads_bmm()
-
-    def _weight_per_example(self) -> Tensor:
+    def _native_per_example(self) -> tuple[Tensor, Tensor | None]:
         if self._per_example is None:
             self._per_example = self._compute(self.strategy)
         return self._per_example
+
+    def _weight_per_example(self) -> Tensor:
+        """``[B, O, Cg, kh, kw]`` (a copy in the weight's layout: for tied parameters)."""
+        o, cg, kh, kw = self.shape2d
+        name = "grouped" if self.strategy == "grouped" else "bmm"
+        pe = (self._native_per_example() if self.strategy == name else self._compute(name))[0]
+        if name == "grouped":
+            return pe.permute(1, 2, 0, 3, 4)
+        if self.groups == 1:
+            return pe.reshape(self.batch, o, kh, kw, cg).permute(0, 1, 4, 2, 3)
+        return pe.reshape(self.batch, o, cg, kh, kw)
+
+    def _bias_per_example(self) -> Tensor:
+        if self._bias is None:
+            self._bias = _sum([g.sum(dim=(2, 3)) for _, g in self.calls])
+        return self._bias
 
     # -- LayerGrads ----------------------------------------------------------------------
     def sq_norms(self) -> dict[str, Tensor]:
@@ -808,26 +893,23 @@ class _ConvGrads:
             if self.strategy == "gram":
                 res["weight"] = self._sq_gram()
             else:
-                res["weight"] = _sq(self._weight_per_example(), (1, 2, 3, 4))
+                res["weight"] = self._sq_pe(self.strategy, *self._native_per_example())
         if "bias" in self.names:
             res["bias"] = _sq(self._bias_per_example(), (1,))
         return res
 
-    def _bias_per_example(self) -> Tensor:
-        return _sum([g.sum(dim=(2, 3)) for _, g in self.calls])
-
     def weighted_sum(self, weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
         res: dict[str, Tensor] = {}
+        dtype = self.calls[0][1].dtype
         if "weight" in self.names:
-            w = weights["weight"].to(self.calls[0][1].dtype)
-            if self._per_example is not None:
-                gw = torch.tensordot(w, self._per_example, dims=([0], [0]))
-            else:
+            w = weights["weight"].to(dtype)
+            if self.strategy == "gram":
                 gw = self._conv_weight_sum(w)
+            else:
+                gw = self._sum_pe(self.strategy, self._native_per_example()[0], w)
             res["weight"] = gw.reshape(self.weight_shape)
         if "bias" in self.names:
-            w = weights["bias"].to(self.calls[0][1].dtype)
-            res["bias"] = torch.tensordot(w, self._bias_per_example(), dims=([0], [0]))
+            res["bias"] = torch.mv(self._bias_per_example().t(), weights["bias"].to(dtype))
         return res
 
 
