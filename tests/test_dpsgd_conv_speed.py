@@ -154,3 +154,16 @@ def test_float32_norms_fall_back_to_float64_in_chunks(monkeypatch: Any) -> None:
     )
     assert torch.isfinite(sq).all()
     torch.testing.assert_close(sq, want, rtol=1e-5, atol=0.0)
+
+
+def test_output_gradients_with_a_graph_are_accepted(monkeypatch: Any) -> None:
+    """``loss.backward(create_graph=True)`` hands the hooks output gradients that require
+    grad: the chunked products write into preallocated tensors, which autograd refuses for
+    such inputs unless they are detached first."""
+    monkeypatch.setattr(ghost._ConvGrads, "_choose", lambda self: "bmm")
+    layer, x = _case(0)
+    target = torch.randn_like(layer(x))
+    (x2, _, [g]) = _calls(layer, [x], target)[0]
+    rule = ghost.ghost_layer_grads(layer, [(x2, {}, [g.requires_grad_()])], ["weight"], 5)
+    want = ghost.ghost_layer_grads(layer, [(x2, {}, [g.detach()])], ["weight"], 5)
+    torch.testing.assert_close(rule.sq_norms()["weight"], want.sq_norms()["weight"])
