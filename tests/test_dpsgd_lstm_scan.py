@@ -273,3 +273,77 @@ def test_lstm_maps_share_their_gate_gradients_and_match_batch_of_one(bias: bool)
             want[n] += scale * grads[n]
     for n in want:
         torch.testing.assert_close(sums[n], want[n], rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "rows"])
+def test_input_linear_equals_float64_linear(bias: bool, layout: str) -> None:
+    """The capture path's affine maps (``decomposed.input_linear``: oneDNN in float32 on the
+    CPU) against ``F.linear`` in float64: outputs and input gradients to float32 rounding,
+    no gradient for the detached weight; a non-contiguous input and a row block of a packed
+    weight (attention's ``in_proj_weight``) included."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 5, 7, generator=g)
+    if layout == "transposed":
+        x = torch.randn(5, 6, 7, generator=g).transpose(0, 1)
+    w_all = torch.randn(24, 7, generator=g)
+    w = w_all[8:16] if layout == "rows" else w_all[:8].clone()
+    b = torch.randn(8, generator=g) if bias else None
+    assert decomposed._onednn_applies(x, w, b) == torch.backends.mkldnn.is_available()
+    xr = x.clone().requires_grad_()
+    y = decomposed.input_linear(xr, w, b)
+    up = torch.randn(y.shape, generator=g)
+    (dx,) = torch.autograd.grad(y, xr, up)
+    x64 = x.double().requires_grad_()
+    y64 = nn.functional.linear(x64, w.double(), None if b is None else b.double())
+    (dx64,) = torch.autograd.grad(y64, x64, up.double())
+    assert y.dtype == torch.float32 and dx.dtype == torch.float32
+    torch.testing.assert_close(y.double(), y64, rtol=0, atol=1e-5)
+    torch.testing.assert_close(dx.double(), dx64, rtol=0, atol=1e-5)
+    # float64, autocast and empty batches take F.linear
+    assert not decomposed._onednn_applies(x.double(), w.double(), None)
+    assert not decomposed._onednn_applies(x[:0], w, b)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not decomposed._onednn_applies(x, w, b)
+
+
+class _TextNet(nn.Module):
+    """Embedding, LSTM and attention: the decomposed layers on the capture path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 6)
+        self.rnn = nn.LSTM(6, 5, batch_first=True)
+        self.att = nn.MultiheadAttention(5, 1, batch_first=True)
+        self.fc = nn.Linear(5, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out, (h, _) = self.rnn(self.emb(x))
+        att, _ = self.att(out, out, out)
+        return self.fc(att.mean(dim=1) + h[-1])
+
+
+def test_float32_capture_path_matches_float64_engine() -> None:
+    """The path users run, in float32 (compiled LSTM scan, oneDNN affine maps): the clipped
+    sums of ``loss.backward()`` equal the float64 engine's on the same batch to float32
+    rounding."""
+    from renyi.dpsgd.capture import PerExampleCapture
+
+    torch.manual_seed(5)
+    model = _TextNet()
+    x, y = torch.randint(0, 11, (6, 7)), torch.randint(0, 3, (6,))
+    ref = _TextNet()
+    ref.load_state_dict(model.state_dict())
+    want, _, want_norms = ClippedGradientEngine(
+        ref.double(), nn.CrossEntropyLoss(), max_grad_norm=0.3
+    ).clipped_grad_sum(x, y)
+    cap = PerExampleCapture(model, max_grad_norm=0.3)
+    try:
+        nn.functional.cross_entropy(model(x), y).backward()
+        sums, n, norms = cap.pop_clipped_sum()
+    finally:
+        cap.remove()
+    assert n == 6
+    torch.testing.assert_close(norms.double(), want_norms, rtol=1e-4, atol=1e-6)
+    for k in want:
+        torch.testing.assert_close(sums[k].double(), want[k], rtol=1e-4, atol=1e-6)
