@@ -347,3 +347,45 @@ def test_float32_capture_path_matches_float64_engine() -> None:
     torch.testing.assert_close(norms.double(), want_norms, rtol=1e-4, atol=1e-6)
     for k in want:
         torch.testing.assert_close(sums[k].double(), want[k], rtol=1e-4, atol=1e-6)
+
+
+class _Recurrent(nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        if kind == "LSTM":
+            self.rnn: nn.RNNBase = nn.LSTM(3, 4, batch_first=True)
+        elif kind == "GRU":
+            self.rnn = nn.GRU(3, 4, batch_first=True)
+        else:
+            self.rnn = nn.RNN(3, 4, batch_first=True, nonlinearity=kind)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out, _ = self.rnn(x)
+        return self.fc(out[:, -1] + out.mean(dim=1))
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "tanh", "relu"])
+def test_recurrent_layers_on_the_capture_path_equal_the_engine(kind: str) -> None:
+    """``loss.backward()`` under the capture hooks (the PrivacyEngine path) for every
+    recurrent kind: no parameter gets an autograd gradient from the fused kernels (an Elman
+    RNN's ``weight_hh`` did, and the capture refused it as a use outside its module), and the
+    clipped sums equal the engine's own backward on the same batch in float64."""
+    from renyi.dpsgd.capture import PerExampleCapture
+
+    torch.manual_seed(6)
+    model = _Recurrent(kind).double()
+    x, y = torch.randn(5, 6, 3, dtype=torch.float64), torch.randint(0, 2, (5,))
+    want, _, want_norms = ClippedGradientEngine(
+        model, nn.CrossEntropyLoss(), max_grad_norm=0.3
+    ).clipped_grad_sum(x, y)
+    cap = PerExampleCapture(model, max_grad_norm=0.3)
+    try:
+        nn.functional.cross_entropy(model(x), y).backward()
+        sums, n, norms = cap.pop_clipped_sum()
+    finally:
+        cap.remove()
+    assert n == 5
+    torch.testing.assert_close(norms, want_norms, rtol=1e-9, atol=1e-12)
+    for k in want:
+        torch.testing.assert_close(sums[k], want[k], rtol=1e-9, atol=1e-12)

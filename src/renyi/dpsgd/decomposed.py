@@ -344,9 +344,14 @@ def _fused_layer(
         c_last: Tensor | None = c_n
     else:
         g = int(gi.shape[-1])
-        params: list[Tensor] = [torch.eye(g, dtype=gi.dtype, device=gi.device), w_hh.to(gi.dtype)]
+        # the weights enter detached, as in _LSTMScan: their per-example gradients come from
+        # the recorded map; a gradient formed by autograd would reach W_hh.grad in the user's
+        # backward, which the capture path refuses as a use outside the module
+        w = w_hh.detach().to(gi.dtype)
+        params: list[Tensor] = [torch.eye(g, dtype=gi.dtype, device=gi.device), w]
         if b_hh is not None:
-            params += [torch.zeros(g, dtype=gi.dtype, device=gi.device), b_hh.to(gi.dtype)]
+            zeros = torch.zeros(g, dtype=gi.dtype, device=gi.device)
+            params += [zeros, b_hh.detach().to(gi.dtype)]
         fn = torch._VF.rnn_tanh if module.mode == "RNN_TANH" else torch._VF.rnn_relu  # type: ignore[attr-defined]
         # dropout is applied between layers by the caller: train=False here
         out, h_all = fn(
