@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import warnings
@@ -382,3 +383,64 @@ def test_the_engine_uses_the_two_dimensional_rule_for_an_mlp(monkeypatch: Any) -
     engine = ClippedGradientEngine(model, nn.CrossEntropyLoss(), max_grad_norm=1.0)
     engine.clipped_grad_sum(torch.randn(8, 6), torch.randint(0, 2, (8,)))
     assert sorted(built[-3:]) == [4, 5, 6]  # the last call; the first also runs the self-check
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=mlp_case())
+def test_capture_total_norm_path_matches_the_loop_float64(
+    case: tuple[nn.Module, Tensor, Tensor, float],
+) -> None:
+    """The loss.backward() path takes the per-example total norm of plain Linear layers in
+    one pass (``ghost.linear_total_sq``), never forming per-parameter norms: its norms and
+    clipped sums equal a batch-of-one autograd loop (layers with and without biases)."""
+    from renyi.dpsgd.capture import PerExampleCapture
+
+    model, x, y, c = case
+    model, x, y = model.double(), x.double(), y.double()
+    cap = PerExampleCapture(model, max_grad_norm=c)
+    try:
+        mse_per_example(model(x), y).sum().backward()
+        got, n, norms = cap.pop_clipped_sum()
+    finally:
+        cap.remove()
+    assert n == x.shape[0]
+    want = reference_clipped_sum(model, mse_per_example, x, y, c)
+    for name in want:
+        _assert_close(got[name], want[name], 1e-10)
+    for i in range(x.shape[0]):
+        g = torch.autograd.grad(
+            mse_per_example(model(x[i : i + 1]), y[i : i + 1]).sum(),
+            [p for p in model.parameters()],
+        )
+        norm = math.sqrt(sum(float(v.pow(2).sum()) for v in g))
+        assert math.isclose(float(norms[i]), norm, rel_tol=1e-12, abs_tol=1e-300)
+
+
+@pytest.mark.parametrize("scale", [1e-22, 1.0, 1e21], ids=["tiny", "plain", "huge"])
+def test_capture_total_norm_path_float32_range_edges(scale: float) -> None:
+    """float32 norms out of range (below 1e-15, or squares past float32's range) take the
+    per-layer float64 recomputation: the capture's norms equal those of the engine's
+    per-parameter path and a float64 batch-of-one loop."""
+    from renyi.dpsgd.capture import PerExampleCapture
+
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(6, 5), nn.Linear(5, 3, bias=False), nn.Linear(3, 2))
+    x = scale * torch.randn(4, 6)
+    cap = PerExampleCapture(model, max_grad_norm=1.0)
+    try:
+        model(x).sum().backward()  # linear in the output: finite at every scale
+        _, _, norms = cap.pop_clipped_sum()
+    finally:
+        cap.remove()
+    ref = ClippedGradientEngine(model, lambda o, t: o.sum(dim=1), max_grad_norm=1.0)
+    ref_norms = ref.per_example_norms(x, torch.zeros(4))
+    ref_total = torch.stack(list(ref_norms.values())).pow(2).sum(dim=0).sqrt()
+    assert torch.isfinite(norms).all() and torch.isfinite(ref_total).all()
+    assert torch.allclose(norms.double(), ref_total, rtol=1e-5, atol=0.0)
+    m64 = copy.deepcopy(model).double()
+    per = []
+    for i in range(4):
+        out = m64(x[i : i + 1].double()).sum()
+        g = torch.autograd.grad(out, list(m64.parameters()))
+        per.append(math.sqrt(sum(float(v.pow(2).sum()) for v in g)))
+    assert torch.allclose(norms.double(), torch.tensor(per, dtype=torch.float64), rtol=1e-4)

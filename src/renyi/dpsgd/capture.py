@@ -549,10 +549,14 @@ class PerExampleCapture:
                     raise
                 engine._self_check(inputs, gy, batch)
                 by_layer = engine._collect(rec, batch)
-            sq = _sq_norms(by_layer)
+            total_sq = engine._total_sq(by_layer)
+            sq = None
+            if total_sq is None:
+                every = _sq_norms(by_layer)
+                sq = {n: every[n] for n in engine._params}
             engine.schedule.record_step(time.perf_counter() - start)
             self._probe_schedule.record_step(time.perf_counter() - start)
-            sums, norms = engine._clip_and_sum(by_layer, {n: sq[n] for n in engine._params})
+            sums, norms = engine._clip_and_sum(by_layer, sq, total_sq)
             return sums, norms
         finally:
             engine.call = None

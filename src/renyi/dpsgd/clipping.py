@@ -52,10 +52,12 @@ from renyi.dpsgd.ghost import (
     LinearMapGrads,
     PerExampleGrads,
     TiedGrads,
+    _LinearGrads,
     anchored,
     compute_dtype,
     detached_forward,
     ghost_layer_grads,
+    linear_total_sq,
     supports_ghost,
 )
 from renyi.dpsgd.grad_sample import (
@@ -548,18 +550,63 @@ class ClippedGradientEngine:
         empty = torch.zeros(0, dtype=dt, device=first.device)
         return zeros, empty, empty.clone()
 
+    def _total_sq(self, by_layer: Mapping[str, tuple[_Layer | None, LayerGrads]]) -> Tensor | None:
+        """Per-example squared total norm ``[B]`` (float64) when the clipping needs only it
+        (flat and automatic clipping) and no parameter is tied (whose per-parameter squares
+        are clamped at 0 before they are added: see :func:`_sq_norms`); else ``None``.
+
+        The per-parameter squares are not formed: plain Linear layers' norms are taken
+        together (:func:`~renyi.dpsgd.ghost.linear_total_sq`), the other layers' squares
+        added as they come. The same squares as :func:`_sq_norms` (summed in another order).
+        """
+        if self.clipping == "per_layer":
+            return None
+        linear: list[_LinearGrads] = []
+        others: list[LayerGrads] = []
+        for lay, grads in by_layer.values():
+            if lay is None:  # tied parameters' cross terms, or the whole-model fall-back
+                return None
+            if type(grads) is _LinearGrads:
+                linear.append(grads)
+            else:
+                others.append(grads)
+        with exact_arithmetic():
+            parts = [linear_total_sq(linear)] if linear else []
+            for grads in others:
+                parts.extend(grads.sq_norms().values())
+            if not parts:
+                return None
+            total = parts[0]
+            for v in parts[1:]:
+                total = total + v
+        return total
+
     def _clip_and_sum(
         self,
         by_layer: Mapping[str, tuple[_Layer | None, LayerGrads]],
-        sq: Mapping[str, Tensor],
+        sq: Mapping[str, Tensor] | None,
+        total_sq: Tensor | None = None,
     ) -> tuple[dict[str, Tensor], Tensor]:
-        total = torch.stack(list(sq.values())).sum(dim=0).sqrt()
+        """Clipping weights from the per-parameter squared norms ``sq`` (or, for flat and
+        automatic clipping, the squared total ``total_sq`` of :meth:`_total_sq`) and the
+        weighted sums."""
+        if total_sq is not None:
+            total = total_sq.sqrt()
+            sq = dict.fromkeys(self._params, total_sq)  # only the names are read (total given)
+        elif sq is not None:
+            total = torch.stack(list(sq.values())).sum(dim=0).sqrt()
+        else:
+            raise ValueError("_clip_and_sum needs the squared norms or their total")
         self._check_finite_norms(total)
         weights = clipping_weights(sq, self._max_norm, self.clipping, self.gamma, total=total)
         sums = self._weighted(by_layer, weights)
-        out = {
-            n: sums[n].to(compute_dtype(p.dtype)).reshape(p.shape) for n, p in self._params.items()
-        }
+        out = {}
+        for n, p in self._params.items():
+            v = sums[n]
+            dt = compute_dtype(p.dtype)
+            if v.dtype != dt:
+                v = v.to(dt)
+            out[n] = v if v.shape == p.shape else v.reshape(p.shape)
         first = next(iter(self._params.values()))
         return out, total.to(compute_dtype(first.dtype))
 
@@ -569,12 +616,21 @@ class ClippedGradientEngine:
         weights: Mapping[str, Tensor],
     ) -> dict[str, Tensor]:
         sums: dict[str, Tensor] = {}
+        converted: dict[tuple[int, torch.dtype], Tensor] = {}
         with exact_arithmetic():
             for lay, grads in by_layer.values():
                 local_w = {
                     local: weights[_full(lay, local)]
                     for local in (lay.local if lay is not None else list(self._params))
                 }
+                if type(grads) is _LinearGrads:
+                    # the rule's own conversion of the (shared) weights, done once per step
+                    dt = grads.b.dtype
+                    for local, w in local_w.items():
+                        key = (id(w), dt)
+                        if key not in converted:
+                            converted[key] = w.to(dt)
+                        local_w[local] = converted[key]
                 for local, v in grads.weighted_sum(local_w).items():
                     full = _full(lay, local)  # a tied parameter: the sum of its uses'
                     sums[full] = sums[full] + v if full in sums else v
@@ -661,6 +717,10 @@ class ClippedGradientEngine:
         return batch
 
     def _check_finite_norms(self, total: Tensor) -> None:
+        # one reduction decides (norms are >= 0: their sum is finite iff every norm is,
+        # short of a float64 overflow of the sum, which refuses too)
+        if math.isfinite(float(total.sum())):
+            return
         bad = ~torch.isfinite(total)
         if bool(bad.any()):
             idx = torch.nonzero(bad).flatten()

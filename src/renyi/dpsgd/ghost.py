@@ -232,6 +232,21 @@ def _squared(norms: Tensor, x: Tensor) -> Tensor:
     return out
 
 
+def _sq_pair(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`_sq` of two ``[B, n]`` tensors of one dtype over dimension 1, with one check of
+    both norms' range (the common Linear layer: its input and output gradient)."""
+    if x.dtype != y.dtype or x.dtype == torch.float64 or x.shape[0] != y.shape[0]:
+        return _sq(x, (1,)), _sq(y, (1,))
+    norms = torch.stack((torch.linalg.vector_norm(x, dim=1), torch.linalg.vector_norm(y, dim=1)))
+    out = norms.double().square_()
+    if norms.numel() == 0:
+        return out[0], out[1]
+    lo, hi = torch.aminmax(norms)
+    if float(lo) >= _TINY_NORM and float(hi) < math.inf:
+        return out[0], out[1]
+    return _sq(x, (1,)), _sq(y, (1,))  # some row needs float64: each redone as _sq does
+
+
 class PerExampleGrads:
     """Materialised per-example gradients ``{name: [B, *param.shape]}`` of one layer."""
 
@@ -371,10 +386,12 @@ class _LinearGrads:
         self.names = tuple(names)
 
     def sq_norms(self) -> dict[str, Tensor]:
-        sq_b = _sq(self.b, (1,))
         res: dict[str, Tensor] = {}
         if "weight" in self.names:
-            res["weight"] = _sq(self.a, (1,)) * sq_b
+            sq_a, sq_b = _sq_pair(self.a, self.b)
+            res["weight"] = sq_a * sq_b
+        else:
+            sq_b = _sq(self.b, (1,))
         if "bias" in self.names:
             res["bias"] = sq_b
         return res
@@ -382,16 +399,56 @@ class _LinearGrads:
     def weighted_sum(self, weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
         res: dict[str, Tensor] = {}
         a, b = self.a, self.b
+        wb = weights["bias"] if "bias" in self.names else None
         if "weight" in self.names:
-            w = weights["weight"].to(b.dtype).unsqueeze(1)
+            ww = weights["weight"]
+            w = ww.to(b.dtype).unsqueeze(1)
             # scale the narrower of the two factors (fewer multiplications, same product)
             if a.shape[1] < b.shape[1]:
                 res["weight"] = torch.mm(b.t(), a * w)
             else:
-                res["weight"] = torch.mm((b * w).t(), a)
-        if "bias" in self.names:
-            res["bias"] = torch.mv(b.t(), weights["bias"].to(b.dtype))
+                bw = b * w
+                res["weight"] = torch.mm(bw.t(), a)
+                if wb is ww:  # flat clipping: one weight per example for the whole layer
+                    res["bias"] = bw.sum(dim=0)  # = b^T w, from the product already formed
+                    return res
+        if wb is not None:
+            res["bias"] = torch.mv(b.t(), wb.to(b.dtype))
         return res
+
+
+def linear_total_sq(layers: Sequence[_LinearGrads]) -> Tensor:
+    """``sum_l ||g_il||^2`` over plain Linear layers (:class:`_LinearGrads`), float64 ``[B]``.
+
+    The same squares as their :meth:`~_LinearGrads.sq_norms` (``||a_i||^2 ||b_i||^2`` and
+    ``||b_i||^2``), with the layers' norms taken together: one stack, one range check for all
+    of them, one float64 conversion, instead of a handful of small operations per layer (each
+    costs several microseconds between the large products of a training step). A norm out of
+    the float32 range sends every layer through :meth:`~_LinearGrads.sq_norms` (float64 where
+    needed), as before.
+    """
+    batch = int(layers[0].b.shape[0])
+    dtype = layers[0].b.dtype
+    if any(x.dtype != dtype or int(x.shape[0]) != batch for g in layers for x in (g.a, g.b)):
+        return _sum([v for g in layers for v in g.sq_norms().values()])
+    norms = torch.stack([torch.linalg.vector_norm(x, dim=1) for g in layers for x in (g.a, g.b)])
+    if dtype == torch.float64:
+        sq = norms.square_()
+    else:
+        lo, hi = torch.aminmax(norms)
+        if not (float(lo) >= _TINY_NORM and float(hi) < math.inf):
+            return _sum([v for g in layers for v in g.sq_norms().values()])
+        sq = norms.double().square_()
+    sq = sq.view(len(layers), 2, batch)  # [layer, (input, output gradient), example]
+    if all(g.names == ("weight", "bias") for g in layers):
+        return (sq[:, 0] * sq[:, 1] + sq[:, 1]).sum(dim=0)
+    parts = []
+    for i, g in enumerate(layers):
+        if "weight" in g.names:
+            parts.append(sq[i, 0] * sq[i, 1])
+        if "bias" in g.names:
+            parts.append(sq[i, 1])
+    return _sum(parts) if parts else torch.zeros(batch, dtype=torch.float64, device=sq.device)
 
 
 def _linear(
