@@ -369,3 +369,13 @@ def test_cross_entropy_seed_in_closed_form_equals_autograd(
         assert torch.equal(torch.signbit(direct[0][1]), torch.signbit(general[0][1]))
     want = torch.where(target != -100, 2.5, 0.0).double()  # one term per example: rho or 0
     assert torch.equal(plan._term_weights(r), want)
+    for rho, red in ((2.5, "mean"), (-0.3, "mean"), (1e-40, "sum")):
+        loss = rho * F.cross_entropy(y, target, weight=weight, ignore_index=-100, reduction=red)
+        plan = analyse_loss([loss], {y.grad_fn: SeamInfo(None, 7)})
+        assert plan is not None
+        (r,) = plan.reductions
+        (fast,) = plan.seeds()  # the step's seed, written from rho directly
+        (slow,) = plan._seeds_for(r, plan._term_weights(r))
+        assert fast[0].node is slow[0].node and fast[0].output_nr == slow[0].output_nr
+        assert torch.equal(fast[1], slow[1])
+        assert torch.equal(torch.signbit(fast[1]), torch.signbit(slow[1]))

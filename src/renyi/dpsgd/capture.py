@@ -407,7 +407,10 @@ class PerExampleCapture:
         seams: dict[Any, SeamInfo] = {}
         for o in _outputs(output):
             if o.requires_grad and _batched(o, pending.batch) and o.grad_fn is not None:
-                pending.out_slots.append((rec.register(o), tuple(o.shape)))
+                slot = rec.slot_of(o)  # the last layer's output, its hook already set
+                if slot is None:
+                    slot = rec.register(o)
+                pending.out_slots.append((slot, tuple(o.shape)))
                 seams[o.grad_fn] = SeamInfo(pending, pending.batch, get_gradient_edge(o))
         self.seams.update(seams)
         return _map_outputs(output, _traced)

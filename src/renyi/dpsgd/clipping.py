@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
@@ -215,10 +216,19 @@ class _Recording:
         self.closed = False
         self.unanalysed = False
         self.late = False
+        self._last: tuple[weakref.ref[Tensor], int] | None = None
+
+    def slot_of(self, t: Tensor) -> int | None:
+        """The slot of ``t`` if it is the tensor registered last (the model's output is
+        most often its last layer's: one hook serves both), else ``None``."""
+        if self._last is None or self._last[0]() is not t:
+            return None
+        return self._last[1]
 
     def register(self, t: Tensor) -> int:
         slot = len(self.grads)
         self.grads.append(None)
+        self._last = (weakref.ref(t), slot)  # weak: a forward's logits are not kept alive
         if self.hooks:
 
             def hook(g: Tensor) -> None:

@@ -418,17 +418,17 @@ class Reduction:
     terms: Callable[..., Tensor] | None  # fused: terms from the differentiable inputs
     saved: list[Tensor]  # fused: the saved inputs (self[, target])
     counted: Tensor | None = None  # bool [shape] (None: every term counts)
-    weights_total: float | None = None  # fused NLL: torch's total_weight
+    #: the count a mean divides by when the terms are weighted (fused NLL: torch's
+    #: total_weight; a sum of ``terms * mask``: the mask's total), read only when a division
+    #: of the reduced loss is to be matched (a tensor: not read back otherwise)
+    weights_total: Tensor | None = None
     owner_batch: int = 0
     layout: str = "batch"  # how terms map to examples: batch (dim 0), flat, seqfirst
 
 
-def _nll_seed(r: Reduction, w: Tensor) -> list[tuple[GradientEdge, Tensor]] | None:
-    """The seed of an NLL loss over ``[B, C]`` log-probabilities (cross-entropy's) in closed
-    form, without an autograd call: ``d/dx sum_i w_i nll_i`` is ``-weight[t_i] w_i`` at
-    ``(i, t_i)`` and zero elsewhere (and in the rows of ignored targets). The same products,
-    in the same dtype, as torch's ``nll_loss_backward`` computes from ``w`` (float32 and
-    float64 inputs only; other cases return ``None`` and take the autograd path)."""
+def _nll_parts(r: Reduction) -> tuple[Tensor, Tensor, Tensor, Tensor | None] | None:
+    """``(log-probabilities, target, counted, class weight)`` of an NLL loss over ``[B, C]``
+    in float32/float64 whose seed has a closed form (:func:`_nll_seed`), else ``None``."""
     if r.name != "NllLossBackward0" or len(r.inputs) != 1 or r.inputs[0][0] != 0:
         return None
     x = r.saved[0]
@@ -444,13 +444,52 @@ def _nll_seed(r: Reduction, w: Tensor) -> list[tuple[GradientEdge, Tensor]] | No
     _, node, k = r.inputs[0]
     if _meta(node, k)[0] != x.dtype:
         return None
-    counted = r.counted.reshape(-1)
     weight = r.node._saved_weight
-    safe = torch.where(counted, target, torch.zeros((), dtype=target.dtype, device=target.device))
+    return x, target, r.counted.reshape(-1), None if weight is None else weight.to(x.dtype)
+
+
+def _nll_seed(r: Reduction, w: Tensor) -> list[tuple[GradientEdge, Tensor]] | None:
+    """The seed of an NLL loss over ``[B, C]`` log-probabilities (cross-entropy's) in closed
+    form, without an autograd call: ``d/dx sum_i w_i nll_i`` is ``-weight[t_i] w_i`` at
+    ``(i, t_i)`` and zero elsewhere (and in the rows of ignored targets). The same products,
+    in the same dtype, as torch's ``nll_loss_backward`` computes from ``w`` (float32 and
+    float64 inputs only; other cases return ``None`` and take the autograd path)."""
+    parts = _nll_parts(r)
+    if parts is None:
+        return None
+    x, target, counted, weight = parts
+    safe = torch.where(counted, target, 0)
     value = w.reshape(-1).to(x.dtype)
     if weight is not None:
-        value = weight.to(x.dtype)[safe] * value
-    value = torch.where(counted, -value, torch.zeros((), dtype=x.dtype, device=x.device))
+        value = weight[safe] * value
+    value = torch.where(counted, -value, 0.0)
+    return _scatter_seed(r, x, safe, value)
+
+
+def _nll_seed_of_rho(r: Reduction, batch: int) -> list[tuple[GradientEdge, Tensor]] | None:
+    """:func:`_nll_seed` for the step's own term weights when each example has one term
+    (cross-entropy over ``[B, C]``): ``w_i = rho`` (``rho`` where counted, for a mean), so
+    the seed is ``-weight[t_i] rho`` in the rows of counted targets, written directly (the
+    same float32/float64 products as from the term weights, fewer operations)."""
+    if tuple(r.shape) != (batch,) or r.layout != "batch" or r.mode not in ("sum", "mean"):
+        return None
+    parts = _nll_parts(r)
+    if parts is None:
+        return None
+    x, target, counted, weight = parts
+    safe = torch.where(counted, target, 0)
+    neg_rho = torch.tensor(-r.rho, dtype=torch.float64).to(x.dtype)  # -(rho rounded)
+    if weight is None:
+        value = torch.zeros(batch, dtype=x.dtype, device=x.device).masked_fill_(counted, neg_rho)
+    else:
+        value = torch.where(counted, weight[safe] * neg_rho.to(x.device), 0.0)
+    return _scatter_seed(r, x, safe, value)
+
+
+def _scatter_seed(
+    r: Reduction, x: Tensor, safe: Tensor, value: Tensor
+) -> list[tuple[GradientEdge, Tensor]]:
+    _, node, k = r.inputs[0]
     seed = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
     seed.scatter_(1, safe.unsqueeze(1), value.unsqueeze(1))
     return [(GradientEdge(node, k), seed)]
@@ -531,6 +570,10 @@ class LossPlan:
         return out
 
     def seeds(self) -> list[tuple[GradientEdge, Tensor]]:
+        if len(self.reductions) == 1:  # cross-entropy: its seed in closed form
+            direct = _nll_seed_of_rho(self.reductions[0], self.batch)
+            if direct is not None:
+                return direct
         merged: dict[tuple[int, int], tuple[GradientEdge, Tensor]] = {}
         with exact_arithmetic():
             for r in self.reductions:
@@ -789,7 +832,7 @@ def _reduction(node: Any, seams: Mapping[Any, SeamInfo]) -> Reduction:
         ignore = _signed(node._saved_ignore_index)
         target = node._saved_target
         r.counted = (target != ignore).reshape(shape)
-        r.weights_total = _value(node._saved_total_weight)
+        r.weights_total = node._saved_total_weight
     return r
 
 
@@ -818,16 +861,18 @@ def _mask_from_product(r: Reduction) -> None:
     other = node._saved_other if i == 0 else node._saved_self
     if isinstance(other, Tensor) and tuple(other.shape) == tuple(r.shape):
         r.counted = other != 0
-        r.weights_total = float(other.detach().double().sum())
+        r.weights_total = other.detach().double().sum()
 
 
 def _finish(r: Reduction, paths: list[_Path]) -> None:
     """Decide sum vs mean and the constant factor from the paths to the loss."""
-    counts = {float(_numel(r.shape))}
-    if r.counted is not None:
-        counts.add(float(r.counted.sum()))
-    if r.weights_total is not None:
-        counts.add(r.weights_total)
+    counts: set[float] = set()
+    if any(p.divisors for p in paths):  # the counts matter only to a division
+        counts.add(float(_numel(r.shape)))
+        if r.counted is not None:
+            counts.add(float(r.counted.sum()))
+        if r.weights_total is not None:
+            counts.add(_value(r.weights_total))
     modes, rho = set(), 0.0
     for p in paths:
         mode = r.mode
