@@ -17,7 +17,9 @@ whole step): ``exp`` by Cody–Waite reduction ``x = k ln2 + r``, ``|r| <= ln2 /
 Taylor polynomial of degree 7 (truncation below ``2**-27`` relative) scaled by ``2**k``;
 ``sigmoid(x) = 1 / (1 + exp(-x))``; ``tanh`` by its odd Taylor series to ``x**13`` for
 ``|x| < 0.4`` (truncation below ``2**-27`` relative) and ``1 - 2 / (exp(2|x|) + 1)`` above.
-Their errors against the exact functions are a few float32 ulps (tests/test_dpsgd_lstm_scan.py
+The loops may contract ``a * b + c`` into fused multiply-adds (numba's
+``fastmath={"contract"}``: no reassociation, NaN and infinities kept). Their errors against
+the exact functions are a few float32 ulps (tests/test_dpsgd_lstm_scan.py
 measures them on a dense grid); NaN propagates, ``+-inf`` saturate.
 
 Backward (:func:`lstm_backward`): back-propagation through time from the saved gates, cell
@@ -125,7 +127,7 @@ if njit is not None:  # the compiled functions, defined only with numba
 
         return types.float32(types.int32), codegen
 
-    @njit(inline="always", error_model="numpy")
+    @njit(inline="always", error_model="numpy", fastmath={"contract"})
     def _exp32(x):  # type: ignore[no-untyped-def]
         y = x if x > _EXP_LO else _EXP_LO
         y = y if y < _EXP_HI else _EXP_HI
@@ -142,11 +144,11 @@ if njit is not None:  # the compiled functions, defined only with numba
         e = p * scale
         return e if x == x else x
 
-    @njit(inline="always", error_model="numpy")
+    @njit(inline="always", error_model="numpy", fastmath={"contract"})
     def _sigmoid32(x):  # type: ignore[no-untyped-def]
         return _ONE / (_ONE + _exp32(-x))
 
-    @njit(inline="always", error_model="numpy")
+    @njit(inline="always", error_model="numpy", fastmath={"contract"})
     def _tanh32(x):  # type: ignore[no-untyped-def]
         a = abs(x)
         x2 = x * x
@@ -188,17 +190,17 @@ if njit is not None:  # the compiled functions, defined only with numba
             return lambda x: np.float32(1.0)
         return lambda x: np.float64(1.0)
 
-    @njit(error_model="numpy", cache=True)
+    @njit(error_model="numpy", cache=True, fastmath={"contract"})
     def _exp32_array(x, out):  # type: ignore[no-untyped-def]
         for k in range(x.size):
             out[k] = _exp32(x[k])
 
-    @njit(error_model="numpy", cache=True)
+    @njit(error_model="numpy", cache=True, fastmath={"contract"})
     def _sigmoid32_array(x, out):  # type: ignore[no-untyped-def]
         for k in range(x.size):
             out[k] = _sigmoid32(x[k])
 
-    @njit(error_model="numpy", cache=True)
+    @njit(error_model="numpy", cache=True, fastmath={"contract"})
     def _tanh32_array(x, out):  # type: ignore[no-untyped-def]
         for k in range(x.size):
             out[k] = _tanh32(x[k])
@@ -208,7 +210,7 @@ if njit is not None:  # the compiled functions, defined only with numba
     # Each loop below writes one array: LLVM vectorises a loop only when it can rule out
     # overlap between the arrays it writes and reads, by a bounded number of run-time checks.
 
-    @njit(nogil=True, error_model="numpy", cache=True)
+    @njit(nogil=True, error_model="numpy", cache=True, fastmath={"contract"})
     def _lstm_forward(gi, b_hh, h0, c0, wt, acts, cs, tcs, hs, h, z):  # type: ignore[no-untyped-def]
         """``gi`` ``[B, T, 4H]``, ``b_hh`` ``[4H]``, ``h0``/``c0`` ``[B, H]``, ``wt`` =
         ``W_hh^T`` ``[H, 4H]``; writes the gates ``acts`` ``[T, B, 4H]``, cell states ``cs``
@@ -239,7 +241,7 @@ if njit is not None:  # the compiled functions, defined only with numba
                     hb[j] = ab[3 * hid + j] * tc[j]
             hs[:, t, :] = h
 
-    @njit(nogil=True, error_model="numpy", cache=True)
+    @njit(nogil=True, error_model="numpy", cache=True, fastmath={"contract"})
     def _lstm_backward(acts, cs, tcs, w, go, has_go, dh, dc, dz, s):  # type: ignore[no-untyped-def]
         """Back-propagation through time: ``go`` ``[B, T, H]`` the gradients at the outputs
         (read when ``has_go``), ``dh``/``dc`` ``[B, H]`` those at ``h_T``/``c_T`` on entry and
