@@ -1,4 +1,4 @@
-"""The LSTM recurrence of :class:`renyi.dpsgd.decomposed._LSTMScan` as compiled loops (numba).
+"""The LSTM and GRU recurrences of :mod:`renyi.dpsgd.decomposed` as compiled loops (numba).
 
 The recurrence is sequential: each step is one small matrix product ``h_{t-1} W_hh^T``
 (``[B, H] x [H, 4H]``) and a few element-wise operations on ``[B, 4H]``. Run as a Python
@@ -26,6 +26,10 @@ Backward (:func:`lstm_backward`): back-propagation through time from the saved g
 states and ``tanh(c_t)`` (no transcendental function), the gate gradients written
 batch-first ``[B, T, 4H]``, ``dh_{t-1} = dz_t W_hh`` through BLAS.
 
+GRU (:func:`gru_forward`, :func:`gru_backward`): the same structure with torch's GRU
+equations; the backward returns two gradients, at the input projection and at the hidden
+projection, which differ in the ``n`` block by the factor ``r``.
+
 Privacy does not depend on these being exact: the engine's per-example norms and clipped
 sums are both computed from the same gate gradients this backward returns.
 """
@@ -49,6 +53,8 @@ __all__ = [
     "available",
     "blas_threads",
     "exp32",
+    "gru_backward",
+    "gru_forward",
     "lstm_backward",
     "lstm_forward",
     "sigmoid32",
@@ -117,6 +123,8 @@ sigmoid32: Any = None
 tanh32: Any = None
 lstm_forward: Any = None
 lstm_backward: Any = None
+gru_forward: Any = None
+gru_backward: Any = None
 
 if njit is not None:  # the compiled functions, defined only with numba
 
@@ -272,4 +280,65 @@ if njit is not None:  # the compiled functions, defined only with numba
             dz[:, t, :] = s
             np.dot(s, w, dh)
 
+    @njit(nogil=True, error_model="numpy", cache=True, fastmath={"contract"})
+    def _gru_forward(gi, b_hh, h0, wt, acts, ghn, hs, h, z):  # type: ignore[no-untyped-def]
+        """GRU: ``gi`` ``[B, T, 3H]``, ``b_hh`` ``[3H]``, ``h0`` ``[B, H]``, ``wt`` =
+        ``W_hh^T`` ``[H, 3H]``; writes the gates ``r, z, n`` ``acts`` ``[T, B, 3H]``, the
+        hidden part of ``n``'s pre-activation ``W_hn h + b_hn`` ``ghn`` ``[T, B, H]`` and the
+        outputs ``hs`` ``[B, T, H]``; ``h`` ``[B, H]``, ``z`` ``[B, 3H]`` scratch."""
+        batch, steps, g3 = gi.shape
+        hid = g3 // 3
+        h[:, :] = h0
+        for t in range(steps):
+            np.dot(h, wt, z)
+            for b in range(batch):
+                zb, gb, ab, nb, hb = z[b], gi[b, t], acts[t, b], ghn[t, b], h[b]
+                for k in range(2 * hid):
+                    ab[k] = _sig(gb[k] + zb[k] + b_hh[k])
+                for j in range(hid):
+                    nb[j] = zb[2 * hid + j] + b_hh[2 * hid + j]
+                for j in range(hid):
+                    ab[2 * hid + j] = _tanh(gb[2 * hid + j] + ab[j] * nb[j])
+                for j in range(hid):
+                    zj, nj = ab[hid + j], ab[2 * hid + j]
+                    hb[j] = (_one(ab) - zj) * nj + zj * hb[j]
+            hs[:, t, :] = h
+
+    @njit(nogil=True, error_model="numpy", cache=True, fastmath={"contract"})
+    def _gru_backward(acts, ghn, hs, h0, w, go, has_go, dh, dgi, dgh, s, tmp):  # type: ignore[no-untyped-def]
+        """GRU back-propagation through time: ``go`` ``[B, T, H]`` the gradients at the
+        outputs (read when ``has_go``), ``dh`` ``[B, H]`` that at ``h_T`` on entry and at
+        ``h_0`` on return; writes the gradients at the input projection ``dgi`` and at the
+        hidden projection ``dgh`` (``[B, T, 3H]``; they differ in the ``n`` block by the factor
+        ``r``); ``w`` = ``W_hh`` ``[3H, H]``, ``s`` ``[B, 3H]``, ``tmp`` ``[B, H]`` scratch."""
+        steps, batch, g3 = acts.shape
+        hid = g3 // 3
+        one = _one(acts)
+        for t in range(steps - 1, -1, -1):
+            if has_go:
+                dh += go[:, t, :]
+            for b in range(batch):
+                ab, nb, dhb, sb = acts[t, b], ghn[t, b], dh[b], s[b]
+                hp = hs[b, t - 1] if t > 0 else h0[b]
+                for j in range(hid):  # d n_pre, kept in the n block of s for now
+                    n = ab[2 * hid + j]
+                    sb[2 * hid + j] = dhb[j] * (one - ab[hid + j]) * (one - n * n)
+                for j in range(hid):  # d z_pre
+                    zj = ab[hid + j]
+                    sb[hid + j] = dhb[j] * (hp[j] - ab[2 * hid + j]) * (zj - zj * zj)
+                for j in range(hid):  # d r_pre
+                    r = ab[j]
+                    sb[j] = sb[2 * hid + j] * nb[j] * (r - r * r)
+                for j in range(hid):  # the direct path h_{t-1} -> h_t
+                    dhb[j] *= ab[hid + j]
+            dgi[:, t, :] = s
+            for b in range(batch):  # the hidden map's n block is scaled by r
+                ab, sb = acts[t, b], s[b]
+                for j in range(hid):
+                    sb[2 * hid + j] *= ab[j]
+            dgh[:, t, :] = s
+            np.dot(s, w, tmp)
+            dh += tmp
+
     lstm_forward, lstm_backward = _lstm_forward, _lstm_backward
+    gru_forward, gru_backward = _gru_forward, _gru_backward

@@ -239,6 +239,13 @@ def rnn_forward(module: nn.RNNBase, rec: Recorder, input: Any, hx: Any = None) -
             gi = rec.linear(layer_in, w_ih, b_ih, ("weight_ih" + sfx, None, bias_ih, None))
             h = h0[layer * dirs + d]
             c = c0[layer * dirs + d] if c0 is not None else None
+            if mode == "GRU" and valid is None and _compiled(gi) and gi.dtype == h.dtype:
+                seq_out, h = _gru_layer(
+                    rec, gi, h, w_hh, b_hh, d == 1, ("weight_hh" + sfx, None, bias_hh, None)
+                )
+                outs.append(seq_out)
+                h_last.append(h)
+                continue
             if mode != "GRU" and proj == 0 and valid is None:
                 seq_out, h, c = _fused_layer(
                     module,
@@ -363,6 +370,108 @@ def _fused_layer(
         prev, out = prev.flip(1), out.flip(1)
     rec.record(hh_key, prev, gi_slot)
     return out, h_n, c_last
+
+
+def _gru_layer(
+    rec: Recorder,
+    gi: Tensor,
+    h0: Tensor,
+    w_hh: Tensor,
+    b_hh: Tensor | None,
+    reverse: bool,
+    hh_key: LinearKey,
+) -> tuple[Tensor, Tensor]:
+    """One layer and direction of a GRU from the recorded input projection ``gi``, by the
+    compiled scan (:class:`_GRUScan`; CPU float32/float64 with numba, else the caller's
+    per-step loop).
+
+    The hidden map ``W_hh h_{t-1} + b_hh`` does not share its output gradient with ``gi``
+    (``n = tanh(gi_n + r (W_hn h + b_hn))``: its ``n`` block is scaled by ``r``), so the scan
+    takes a second input, a slot tensor made from ``gi`` (:class:`_GateSlot`, zeros that
+    pass no gradient on), and returns that gradient to it; the map is recorded with the
+    previous hidden states and the slot's gradient edge, in the scan's time order.
+    """
+    seq = gi.flip(1) if reverse else gi
+    slot_t = _GateSlot.apply(seq)
+    slot = rec.register(slot_t) if slot_t.requires_grad else None
+    out, h_n = _GRUScan.apply(seq, slot_t, h0, w_hh, b_hh)
+    prev = torch.cat([h0.unsqueeze(1).to(out.dtype), out[:, :-1]], dim=1)  # [B, T, H]
+    rec.record(hh_key, prev, slot)
+    return (out.flip(1) if reverse else out), h_n
+
+
+class _GateSlot(torch.autograd.Function):
+    """Zeros shaped like ``gi``, in the graph: the tensor whose gradient is the GRU hidden
+    map's output gradient (:class:`_GRUScan` returns it); nothing flows back to ``gi``."""
+
+    @staticmethod
+    def forward(ctx: Any, gi: Tensor) -> Tensor:  # type: ignore[override]
+        return torch.zeros((), dtype=gi.dtype, device=gi.device).expand(gi.shape)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> None:  # type: ignore[override]
+        return None
+
+
+class _GRUScan(torch.autograd.Function):
+    """The GRU recurrence from precomputed input projections ``gi`` ``[B, T, 3H]`` (torch's
+    equations: ``r = sigmoid(gi_r + W_hr h + b_hr)``, ``z = sigmoid(gi_z + W_hz h + b_hz)``,
+    ``n = tanh(gi_n + r (W_hn h + b_hn))``, ``h' = (1 - z) n + z h``), compiled
+    (:mod:`renyi.dpsgd._scan_kernels`). Returns the outputs ``[B, T, H]`` and ``h_n``; the
+    backward returns the gradients at ``gi`` (the input map's output gradient), at ``slot``
+    (the hidden map's, see :class:`_GateSlot`) and at ``h0``, none for the weights (the
+    engine forms the per-example ones from the maps).
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, gi: Tensor, slot: Tensor, h0: Tensor, w_hh: Tensor, b_hh: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        dt = gi.dtype
+        batch, steps, g3 = (int(v) for v in gi.shape)
+        hid = g3 // 3
+        with torch.no_grad():
+            w = w_hh.detach().to(dt)
+            h0d = h0.detach().to(dt).contiguous()
+
+            def new(*shape: int) -> Tensor:
+                return torch.empty(shape, dtype=dt)
+
+            bias = torch.zeros(g3, dtype=dt) if b_hh is None else b_hh.detach().to(dt).contiguous()
+            acts, ghn, hs = new(steps, batch, g3), new(steps, batch, hid), new(batch, steps, hid)
+            args = (gi.detach().contiguous(), bias, h0d, w.t().contiguous(), acts, ghn, hs)
+            scratch = (new(batch, hid), new(batch, g3))
+            old = _scan_kernels.blas_threads(torch.get_num_threads())
+            try:
+                _scan_kernels.gru_forward(*(_np(a) for a in (*args, *scratch)))
+            finally:
+                _scan_kernels.restore_blas_threads(old)
+        ctx.save_for_backward(acts, ghn, hs, h0d, w)
+        ctx.h0_dtype = h0.dtype
+        ctx.set_materialize_grads(False)
+        return hs, hs[:, -1].clone()
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, g_out: Tensor | None, g_h: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        acts, ghn, hs, h0, w = ctx.saved_tensors
+        steps, batch, g3 = (int(v) for v in acts.shape)
+        hid = g3 // 3
+        dt = acts.dtype
+        dh = torch.zeros(batch, hid, dtype=dt) if g_h is None else g_h.to(dt).contiguous().clone()
+        go = torch.zeros(1, 1, 1, dtype=dt) if g_out is None else g_out.to(dt).contiguous()
+        dgi, dgh = torch.empty(batch, steps, g3, dtype=dt), torch.empty(batch, steps, g3, dtype=dt)
+        s, tmp = torch.empty(batch, g3, dtype=dt), torch.empty(batch, hid, dtype=dt)
+        old = _scan_kernels.blas_threads(torch.get_num_threads())
+        try:
+            _scan_kernels.gru_backward(
+                _np(acts), _np(ghn), _np(hs), _np(h0), _np(w.contiguous()), _np(go),
+                g_out is not None, _np(dh), _np(dgi), _np(dgh), _np(s), _np(tmp),
+            )  # fmt: skip
+        finally:
+            _scan_kernels.restore_blas_threads(old)
+        return dgi, dgh, dh.to(ctx.h0_dtype), None, None
 
 
 def _tanh_into(x: Tensor, out: Tensor) -> None:
