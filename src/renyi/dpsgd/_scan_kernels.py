@@ -215,6 +215,15 @@ if njit is not None:  # the compiled functions, defined only with numba
 
     exp32, sigmoid32, tanh32 = _exp32_array, _sigmoid32_array, _tanh32_array
 
+    @njit(inline="always", error_model="numpy")
+    def _copy_rows(src, dst, t):  # type: ignore[no-untyped-def]
+        """``dst[:, t, :] = src`` row by row (vectorised; numba's strided slice assignment
+        is slower)."""
+        for b in range(src.shape[0]):
+            sb, db = src[b], dst[b, t]
+            for k in range(sb.shape[0]):
+                db[k] = sb[k]
+
     # Each loop below writes one array: LLVM vectorises a loop only when it can rule out
     # overlap between the arrays it writes and reads, by a bounded number of run-time checks.
 
@@ -247,7 +256,7 @@ if njit is not None:  # the compiled functions, defined only with numba
                     tc[j] = _tanh(cn[j])
                 for j in range(hid):
                     hb[j] = ab[3 * hid + j] * tc[j]
-            hs[:, t, :] = h
+            _copy_rows(h, hs, t)
 
     @njit(nogil=True, error_model="numpy", cache=True, fastmath={"contract"})
     def _lstm_backward(acts, cs, tcs, w, go, has_go, dh, dc, dz, s):  # type: ignore[no-untyped-def]
@@ -277,7 +286,7 @@ if njit is not None:  # the compiled functions, defined only with numba
                     sb[3 * hid + j] = dhb[j] * tc[j] * (o - o * o)
                 for j in range(hid):  # dc_{t-1}
                     dcb[j] *= ab[hid + j]
-            dz[:, t, :] = s
+            _copy_rows(s, dz, t)
             np.dot(s, w, dh)
 
     @njit(nogil=True, error_model="numpy", cache=True, fastmath={"contract"})
@@ -302,7 +311,7 @@ if njit is not None:  # the compiled functions, defined only with numba
                 for j in range(hid):
                     zj, nj = ab[hid + j], ab[2 * hid + j]
                     hb[j] = (_one(ab) - zj) * nj + zj * hb[j]
-            hs[:, t, :] = h
+            _copy_rows(h, hs, t)
 
     @njit(nogil=True, error_model="numpy", cache=True, fastmath={"contract"})
     def _gru_backward(acts, ghn, hs, h0, w, go, has_go, dh, dgi, dgh, s, tmp):  # type: ignore[no-untyped-def]
@@ -331,12 +340,12 @@ if njit is not None:  # the compiled functions, defined only with numba
                     sb[j] = sb[2 * hid + j] * nb[j] * (r - r * r)
                 for j in range(hid):  # the direct path h_{t-1} -> h_t
                     dhb[j] *= ab[hid + j]
-            dgi[:, t, :] = s
+            _copy_rows(s, dgi, t)
             for b in range(batch):  # the hidden map's n block is scaled by r
                 ab, sb = acts[t, b], s[b]
                 for j in range(hid):
                     sb[2 * hid + j] *= ab[j]
-            dgh[:, t, :] = s
+            _copy_rows(s, dgh, t)
             np.dot(s, w, tmp)
             dh += tmp
 
