@@ -444,3 +444,57 @@ def test_capture_total_norm_path_float32_range_edges(scale: float) -> None:
         g = torch.autograd.grad(out, list(m64.parameters()))
         per.append(math.sqrt(sum(float(v.pow(2).sum()) for v in g)))
     assert torch.allclose(norms.double(), torch.tensor(per, dtype=torch.float64), rtol=1e-4)
+
+
+def test_clipped_sums_come_in_one_flat_buffer_noised_without_a_copy() -> None:
+    """The engine writes a step's clipped sums as consecutive slices of one flat buffer (the
+    Linear products straight into it, another rule's result copied in); the optimizer noises
+    that buffer as it is. The noisy gradient is still sum + sigma C z over q n, exactly as
+    on the concatenating path; views that are not the consecutive slices of one buffer in
+    parameter order are concatenated as before."""
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Linear(5, 6), nn.LayerNorm(6), nn.Linear(6, 3))
+    names = [n for n, _ in model.named_parameters()]
+    total = sum(p.numel() for p in model.parameters())
+    z = torch.randn(total)
+    opt = _optimizer(model, _FixedNoise(z))
+    x, y = torch.randn(9, 5), torch.randint(0, 3, (9,))
+    engine = ClippedGradientEngine(model, nn.CrossEntropyLoss(), max_grad_norm=0.7)
+    summed, _, _ = engine.clipped_grad_sum(x, y)
+    base = summed[names[0]]._base
+    assert base is not None and base.numel() == total
+    assert all(summed[n]._base is base for n in names)
+    opt.zero_grad()
+    opt.accumulate(x, y)
+    flat = opt._flat_sum(opt._summed, torch.float32)
+    assert flat is not None and flat.data_ptr() == opt._summed[names[0]].data_ptr()
+    opt.pre_step()
+    offset = 0
+    for name, p in model.named_parameters():
+        noise = z[offset : offset + p.numel()].view(p.shape)
+        offset += p.numel()
+        want = (summed[name] + 1.3 * 0.7 * noise) / 10.0  # q n = 10
+        torch.testing.assert_close(p.grad, want, rtol=1e-5, atol=1e-6)
+    # not one buffer in parameter order: swapped slices, a gap, a foreign tensor
+    buf = torch.zeros(total)
+    sizes = [p.numel() for p in model.parameters()]
+    views = dict(zip(names, buf.split(sizes), strict=True))
+    params = list(model.parameters())
+    shaped = {n: v.view(p.shape) for (n, v), p in zip(views.items(), params, strict=True)}
+    assert opt._flat_sum(shaped) is not None
+    swapped = dict(shaped)
+    swapped[names[0]], swapped[names[2]] = shaped[names[2]], shaped[names[0]]
+    assert opt._flat_sum(swapped) is None
+    shifted = dict(shaped)  # one slice at the wrong offset of the same buffer
+    shifted[names[1]] = buf[1 : 1 + sizes[1]].view(shaped[names[1]].shape)
+    assert opt._flat_sum(shifted) is None
+    longer = torch.zeros(total + 1)  # a buffer with more than the sums
+    part = dict(zip(names, longer[:total].split(sizes), strict=True))
+    assert (
+        opt._flat_sum({n: v.view(p.shape) for (n, v), p in zip(part.items(), params, strict=True)})
+        is None
+    )
+    foreign = dict(shaped)
+    foreign[names[1]] = shaped[names[1]].clone()
+    assert opt._flat_sum(foreign) is None
+    assert opt._flat_sum({**shaped, "extra": buf[:1]}) is None

@@ -609,10 +609,16 @@ class ClippedGradientEngine:
             raise ValueError("_clip_and_sum needs the squared norms or their total")
         self._check_finite_norms(total)
         weights = clipping_weights(sq, self._max_norm, self.clipping, self.gamma, total=total)
-        sums = self._weighted(by_layer, weights)
+        views = self._flat_views()
+        sums = self._weighted(by_layer, weights, views)
         out = {}
         for n, p in self._params.items():
             v = sums[n]
+            if views is not None:
+                if v is not views[n]:  # a rule without out=, or a tied parameter's total
+                    views[n].copy_(v.reshape(p.shape))
+                out[n] = views[n]
+                continue
             dt = compute_dtype(p.dtype)
             if v.dtype != dt:
                 v = v.to(dt)
@@ -620,11 +626,31 @@ class ClippedGradientEngine:
         first = next(iter(self._params.values()))
         return out, total.to(compute_dtype(first.dtype))
 
+    def _flat_views(self) -> dict[str, Tensor] | None:
+        """One new flat buffer for this step's clipped sums (parameter order), as views shaped
+        like the parameters, when all parameters share a compute dtype and device: the
+        Linear rule's products write straight into it, and the optimizer noises it as it
+        is (no concatenation; see ``DPOptimizer.add_noise``). ``None`` otherwise."""
+        params = list(self._params.values())
+        dt, dev = compute_dtype(params[0].dtype), params[0].device
+        if any(compute_dtype(p.dtype) != dt or p.device != dev for p in params):
+            return None
+        flat = torch.empty(sum(p.numel() for p in params), dtype=dt, device=dev)
+        views, offset = {}, 0
+        for n, p in self._params.items():
+            views[n] = flat[offset : offset + p.numel()].view(p.shape)
+            offset += p.numel()
+        return views
+
     def _weighted(
         self,
         by_layer: Mapping[str, tuple[_Layer | None, LayerGrads]],
         weights: Mapping[str, Tensor],
+        views: Mapping[str, Tensor] | None = None,
     ) -> dict[str, Tensor]:
+        """Every layer's weighted sums, summed over a tied parameter's uses; plain Linear
+        layers write theirs into ``views`` (the parameters' slices of a flat buffer) when
+        given and the parameter is not tied."""
         sums: dict[str, Tensor] = {}
         converted: dict[tuple[int, torch.dtype], Tensor] = {}
         with exact_arithmetic():
@@ -641,6 +667,15 @@ class ClippedGradientEngine:
                         if key not in converted:
                             converted[key] = w.to(dt)
                         local_w[local] = converted[key]
+                    if views is not None and lay is not None:
+                        fulls = [lay.full_of[local] for local in local_w]
+                        if all(f not in self._shared and views[f].dtype == dt for f in fulls):
+                            into = {
+                                local: views[f] for local, f in zip(local_w, fulls, strict=True)
+                            }
+                            for local, v in grads.weighted_sum(local_w, out=into).items():
+                                sums[lay.full_of[local]] = v
+                            continue
                 for local, v in grads.weighted_sum(local_w).items():
                     full = _full(lay, local)  # a tied parameter: the sum of its uses'
                     sums[full] = sums[full] + v if full in sums else v

@@ -396,24 +396,31 @@ class _LinearGrads:
             res["bias"] = sq_b
         return res
 
-    def weighted_sum(self, weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    def weighted_sum(
+        self, weights: Mapping[str, Tensor], out: Mapping[str, Tensor] | None = None
+    ) -> dict[str, Tensor]:
+        """The clipped sums; ``out``: contiguous tensors of the parameters' shapes (and of
+        ``b``'s dtype) to write them into (a flat buffer's slices), returned."""
         res: dict[str, Tensor] = {}
         a, b = self.a, self.b
+        into = out or {}
         wb = weights["bias"] if "bias" in self.names else None
         if "weight" in self.names:
             ww = weights["weight"]
             w = ww.to(b.dtype).unsqueeze(1)
+            dest = into.get("weight")
             # scale the narrower of the two factors (fewer multiplications, same product)
             if a.shape[1] < b.shape[1]:
-                res["weight"] = torch.mm(b.t(), a * w)
+                res["weight"] = torch.mm(b.t(), a * w, out=dest)
             else:
                 bw = b * w
-                res["weight"] = torch.mm(bw.t(), a)
+                res["weight"] = torch.mm(bw.t(), a, out=dest)
                 if wb is ww:  # flat clipping: one weight per example for the whole layer
-                    res["bias"] = bw.sum(dim=0)  # = b^T w, from the product already formed
+                    # = b^T w, from the product already formed
+                    res["bias"] = torch.sum(bw, dim=0, out=into.get("bias"))
                     return res
         if wb is not None:
-            res["bias"] = torch.mv(b.t(), wb.to(b.dtype))
+            res["bias"] = torch.mv(b.t(), wb.to(b.dtype), out=into.get("bias"))
         return res
 
 

@@ -163,6 +163,12 @@ def _slice(inputs: Any, start: int, stop: int) -> Any:
     return inputs[start:stop]
 
 
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """A fresh sum as it is (a view keeps its base: the flat buffer ``add_noise`` noises
+    without a copy), detached if it requires grad."""
+    return t.detach() if t.requires_grad else t
+
+
 def _fresh_capture(capture: Any) -> bool:
     """Whether ``capture`` is renyi's own (:class:`~renyi.dpsgd.capture.PerExampleCapture`,
     possibly in the engine's one-forward-per-step wrapper): its popped sums are new tensors
@@ -469,7 +475,8 @@ class DPOptimizer(torch.optim.Optimizer):
                 if name in sums:
                     sums[name] = sums[name] + g
                 else:  # our engine returns fresh tensors; another might keep and reuse them
-                    sums[name] = g.detach() if self._fresh_sums else g.detach().clone()
+                    # (kept as they are when fresh: slices of the engine's flat buffer)
+                    sums[name] = _own(g) if self._fresh_sums else g.detach().clone()
             losses.append(part_losses.detach().reshape(-1))
             norms.append(part_norms.detach().reshape(-1))
         all_losses = torch.cat(losses)
@@ -503,7 +510,7 @@ class DPOptimizer(torch.optim.Optimizer):
         if missing:
             raise fail("clipped sums", sorted(sums), f"a clipped sum for every parameter {missing}")
         if self._summed is None:
-            self._summed = {k: v.detach() if fresh else v.detach().clone() for k, v in sums.items()}
+            self._summed = {k: _own(v) if fresh else v.detach().clone() for k, v in sums.items()}
         else:
             for name, g in sums.items():
                 self._summed[name] = self._summed[name] + g
@@ -523,8 +530,14 @@ class DPOptimizer(torch.optim.Optimizer):
         # (torch._foreach_norm), their float64 norm (no overflow of the squares of the
         # norms), one read. A non-finite total (a NaN/inf anywhere, or float32 squares
         # that overflowed in a tensor's own norm) is redone tensor by tensor below.
+        flat = self._flat_sum(sums)
+        if flat is not None:
+            total = float(torch.linalg.vector_norm(flat))
+            if math.isfinite(total):
+                self._check_bound(total * total, num_examples)
+                return
         tensors = [g.detach() for g in sums.values()]
-        if tensors and len({(g.dtype, g.device) for g in tensors}) == 1:
+        if flat is None and tensors and len({(g.dtype, g.device) for g in tensors}) == 1:
             norms = torch.stack(torch._foreach_norm(tensors)).double()
             total = float(torch.linalg.vector_norm(norms))
             if math.isfinite(total):
@@ -560,20 +573,57 @@ class DPOptimizer(torch.optim.Optimizer):
         mechanism the accountant analyses (see ``docs/noise.md``).
         """
         dtype = self._noise_dtype()
-        pieces = []
-        for name, p in zip(self._param_names, self._params, strict=True):
-            summed = self._summed.get(name) if self._summed is not None else None
-            pieces.append(
-                summed.detach().reshape(-1).to(dtype)
-                if summed is not None
-                else torch.zeros(p.numel(), dtype=dtype)
+        flat = self._flat_sum(self._summed, dtype)
+        if flat is None:
+            pieces = []
+            for name, p in zip(self._param_names, self._params, strict=True):
+                summed = self._summed.get(name) if self._summed is not None else None
+                pieces.append(
+                    summed.detach().reshape(-1).to(dtype)
+                    if summed is not None
+                    else torch.zeros(p.numel(), dtype=dtype)
+                )
+            flat = torch.cat(pieces) if pieces else torch.zeros(0, dtype=dtype)
+        released = self.release_noisy_sum(flat)
+        chunks = released.split([p.numel() for p in self._params]) if self._params else ()
+        for p, chunk in zip(self._params, chunks, strict=True):
+            chunk = chunk.view(p.shape)
+            p.grad = (
+                chunk
+                if chunk.dtype == p.dtype and chunk.device == p.device
+                else (chunk.to(dtype=p.dtype, device=p.device))
             )
-        flat = self.release_noisy_sum(torch.cat(pieces) if pieces else torch.zeros(0, dtype=dtype))
-        offset = 0
-        for p in self._params:
-            chunk = flat[offset : offset + p.numel()].view(p.shape)
+
+    def _flat_sum(
+        self, sums: Mapping[str, torch.Tensor] | None, dtype: torch.dtype | None = None
+    ) -> torch.Tensor | None:
+        """``sums`` (one per parameter, no other) as one flat tensor without a copy, when they
+        are the consecutive slices, in parameter order, of one contiguous buffer (of ``dtype``
+        if given): the engine writes a step's clipped sums so
+        (``ClippedGradientEngine._flat_views``). ``None`` otherwise."""
+        if not sums or not self._params or len(sums) != len(self._params):
+            return None
+        first = sums.get(self._param_names[0])
+        base = None if first is None else first._base
+        if base is None or base.ndim != 1 or not base.is_contiguous():
+            return None
+        if (dtype is not None and base.dtype != dtype) or base.numel() != sum(
+            p.numel() for p in self._params
+        ):
+            return None
+        offset = base.storage_offset()
+        for name, p in zip(self._param_names, self._params, strict=True):
+            v = sums.get(name)
+            if (
+                v is None
+                or v._base is not base
+                or v.storage_offset() != offset
+                or v.shape != p.shape
+                or not v.is_contiguous()
+            ):
+                return None
             offset += p.numel()
-            p.grad = chunk.to(dtype=p.dtype, device=p.device)
+        return base.detach()
 
     def release_noisy_sum(self, flat: torch.Tensor) -> torch.Tensor:
         """``flat + N(0, σ² C²)`` per entry, released on the lattice by :mod:`renyi.noise`.
