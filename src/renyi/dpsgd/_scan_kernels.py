@@ -5,8 +5,8 @@ The recurrence is sequential: each step is one small matrix product ``h_{t-1} W_
 loop of torch operations it costs about ten operator dispatches a step, more than the
 arithmetic at the sizes DP-SGD trains (``B = 64``, ``H = 64``: the matrix product is about
 20 us). Here one compiled call runs the whole sequence: the products through BLAS
-(numba's ``np.dot``, scipy's OpenBLAS, limited to torch's thread count while it runs), the
-element-wise work fused in one loop per step.
+(numba's ``np.dot``, scipy's OpenBLAS, its thread count set for the call, see
+``decomposed._blas_threads``), the element-wise work in a few vectorised loops per step.
 
 Forward (:func:`lstm_forward`): gates ``z_t = gi_t + h_{t-1} W_hh^T + b_hh``, ``i, f, o =
 sigmoid``, ``g = tanh``, ``c_t = f c_{t-1} + i g``, ``h_t = o tanh(c_t)`` (torch's equations).
@@ -92,8 +92,8 @@ def blas_threads(n: int) -> list[tuple[Any, int]]:
     """Set the OpenBLAS libraries loaded in the process (numba's ``np.dot`` calls scipy's) to
     ``n`` threads; returns what to restore with :func:`restore_blas_threads`.
 
-    Without it OpenBLAS runs the recurrence's small products on every core, while torch
-    (and the caller) asked for ``torch.get_num_threads()``."""
+    Without it OpenBLAS runs the recurrence's small products on every core, whatever
+    torch's thread count (and thread-time measurements would not see those threads)."""
     global _blas
     if _blas is None:
         try:
