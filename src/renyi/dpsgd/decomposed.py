@@ -145,11 +145,18 @@ def _onednn_applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
         and (bias is None or bias.dtype == f32)
         and x.ndim >= 2
         and x.numel() > 0
-        and not torch.is_autocast_enabled("cpu")
+        and not _cpu_autocast()
         and torch.backends.mkldnn.is_available()
         and bool(torch.backends.mkldnn.enabled)
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     )
+
+
+def _cpu_autocast() -> bool:
+    try:
+        return bool(torch.is_autocast_enabled("cpu"))
+    except TypeError:  # torch < 2.4
+        return bool(torch.is_autocast_cpu_enabled())
 
 
 #: Whether :func:`input_linear` may use oneDNN (tests switch it off to compare).
