@@ -105,11 +105,11 @@ def test_compiled_kernels_equal_autograd_in_float64(bias: bool, upstream: str) -
     ``h_n`` only, or at the output sequence only (the others None, as autograd passes them)."""
     dt = torch.float64
     gi, h0, c0, w_hh, b_hh, g_out, g_h, g_c = _case(dt, bias)
-    hs, acts, cs, tcs = decomposed._compiled_forward(gi, h0, c0, w_hh, b_hh)
+    hs, acts, cs, tcs, h_n = decomposed._compiled_forward(gi, h0, c0, w_hh, b_hh)
     leaves = [t.clone().requires_grad_() for t in (gi, h0, c0)]
     ref = _reference(*leaves, w_hh, b_hh)
     torch.testing.assert_close(hs, ref[0], rtol=0, atol=1e-12)
-    torch.testing.assert_close(hs[:, -1], ref[1], rtol=0, atol=1e-12)
+    torch.testing.assert_close(h_n, ref[1], rtol=0, atol=1e-12)
     torch.testing.assert_close(cs[-1], ref[2], rtol=0, atol=1e-12)
     torch.testing.assert_close(tcs, torch.tanh(cs[1:]), rtol=0, atol=1e-12)
     ups = {"all": (g_out, g_h, g_c), "h_n": (None, g_h, None), "outputs": (g_out, None, None)}
@@ -472,3 +472,56 @@ def test_compiled_gru_float32_matches_float64_autograd() -> None:
     have = torch.autograd.grad(got, [mine[0], slot, mine[1]], [g_out.float(), g_h.float()])
     for r, o in zip(want, have, strict=True):
         torch.testing.assert_close(o.double(), r, rtol=2e-5, atol=2e-5)
+
+
+class _PackedWithState(nn.Module):
+    """Packed sequences (unsorted lengths) into a bidirectional LSTM/GRU whose initial
+    state depends on the example (so the reversed direction starts from a non-zero state
+    after its padding), using the outputs and the final states."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        cls = nn.LSTM if kind == "LSTM" else nn.GRU
+        self.rnn = cls(3, 4, batch_first=True, bidirectional=True)
+        self.init = nn.Linear(3, 4)
+        self.fc = nn.Linear(16, 2)
+
+    def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
+        from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+        h0 = torch.tanh(self.init(x[:, 0])).unsqueeze(0).repeat(2, 1, 1)
+        hx = (h0, 0.5 * h0) if isinstance(self.rnn, nn.LSTM) else h0
+        packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        out, h = self.rnn(packed, hx)
+        h = h[0] if isinstance(h, tuple) else h
+        padded, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+        return self.fc(torch.cat([padded.sum(1), h[0], h[1]], dim=1))
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_packed_sequences_with_initial_states_match_each_example_alone(
+    kind: str, kernels: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Packed sequences through the compiled scans (masks: states kept past each example's
+    length, outputs zero; the reversed direction reads its initial state after the padding)
+    and through the torch loops: per-example gradients equal torch's own module run on one
+    example at a time, in float64."""
+    monkeypatch.setattr(decomposed, "_USE_KERNELS", kernels)
+    torch.manual_seed(8)
+    model = _PackedWithState(kind).double()
+    x = torch.randn(5, 6, 3, dtype=torch.float64)
+    lengths, y = torch.tensor([6, 2, 1, 5, 3]), torch.randint(0, 2, (5,))
+    engine = ClippedGradientEngine(model, nn.CrossEntropyLoss(), max_grad_norm=1e12)
+    sums, _, norms = engine.clipped_grad_sum((x, lengths), y)
+    params = dict(model.named_parameters())
+    want = {n: torch.zeros_like(p) for n, p in params.items()}
+    for i in range(5):
+        out = model(x[i : i + 1], lengths[i : i + 1])
+        grads = torch.autograd.grad(nn.CrossEntropyLoss()(out, y[i : i + 1]), list(params.values()))
+        norm = torch.sqrt(sum(g.pow(2).sum() for g in grads))
+        torch.testing.assert_close(norms[i], norm, rtol=1e-9, atol=1e-12)
+        for n, g in zip(params, grads, strict=True):
+            want[n] += g
+    for n in want:
+        torch.testing.assert_close(sums[n], want[n], rtol=1e-9, atol=1e-12)

@@ -224,15 +224,33 @@ if njit is not None:  # the compiled functions, defined only with numba
             for k in range(sb.shape[0]):
                 db[k] = sb[k]
 
+    @njit(inline="always", error_model="numpy")
+    def _zero_invalid(hs, valid, t):  # type: ignore[no-untyped-def]
+        """Outputs of the invalid steps ``t`` are zero."""
+        for b in range(hs.shape[0]):
+            if valid[b, t] == 0:
+                hs[b, t, :] = 0
+
+    @njit(inline="always", error_model="numpy")
+    def _add_valid(dh, go, valid, masked, t):  # type: ignore[no-untyped-def]
+        """``dh += go[:, t]`` on the valid rows (an invalid step's output is a constant)."""
+        for b in range(dh.shape[0]):
+            if not masked or valid[b, t] != 0:
+                db, gb = dh[b], go[b, t]
+                for j in range(db.shape[0]):
+                    db[j] += gb[j]
+
     # Each loop below writes one array: LLVM vectorises a loop only when it can rule out
     # overlap between the arrays it writes and reads, by a bounded number of run-time checks.
 
     @njit(nogil=True, error_model="numpy", cache=True, fastmath={"contract"})
-    def _lstm_forward(gi, b_hh, h0, c0, wt, acts, cs, tcs, hs, h, z):  # type: ignore[no-untyped-def]
+    def _lstm_forward(gi, b_hh, h0, c0, wt, valid, masked, acts, cs, tcs, hs, h, z):  # type: ignore[no-untyped-def]
         """``gi`` ``[B, T, 4H]``, ``b_hh`` ``[4H]``, ``h0``/``c0`` ``[B, H]``, ``wt`` =
         ``W_hh^T`` ``[H, 4H]``; writes the gates ``acts`` ``[T, B, 4H]``, cell states ``cs``
         ``[T + 1, B, H]``, ``tanh(c_t)`` ``tcs`` ``[T, B, H]``, outputs ``hs`` ``[B, T, H]``;
-        ``h`` ``[B, H]`` and ``z`` ``[B, 4H]`` are scratch (``h`` ends as ``h_T``)."""
+        ``h`` ``[B, H]`` and ``z`` ``[B, 4H]`` are scratch (``h`` ends as ``h_T``). With
+        ``masked``, a step ``t`` of example ``b`` with ``valid[b, t] == 0`` keeps the states
+        and outputs zero (its gates are zero), as torch's packed sequences."""
         batch, steps, g4 = gi.shape
         hid = g4 // 4
         h[:, :] = h0
@@ -242,6 +260,11 @@ if njit is not None:  # the compiled functions, defined only with numba
             for b in range(batch):
                 zb, gb, ab = z[b], gi[b, t], acts[t, b]
                 cp, cn, tc, hb = cs[t, b], cs[t + 1, b], tcs[t, b], h[b]
+                if masked and valid[b, t] == 0:
+                    ab[:] = 0
+                    tc[:] = 0
+                    cn[:] = cp
+                    continue
                 for k in range(g4):
                     zb[k] += gb[k] + b_hh[k]
                 for k in range(2 * hid):
@@ -257,21 +280,27 @@ if njit is not None:  # the compiled functions, defined only with numba
                 for j in range(hid):
                     hb[j] = ab[3 * hid + j] * tc[j]
             _copy_rows(h, hs, t)
+            if masked:
+                _zero_invalid(hs, valid, t)
 
     @njit(nogil=True, error_model="numpy", cache=True, fastmath={"contract"})
-    def _lstm_backward(acts, cs, tcs, w, go, has_go, dh, dc, dz, s):  # type: ignore[no-untyped-def]
+    def _lstm_backward(acts, cs, tcs, w, go, has_go, valid, masked, dh, dc, dz, s, tmp):  # type: ignore[no-untyped-def]
         """Back-propagation through time: ``go`` ``[B, T, H]`` the gradients at the outputs
         (read when ``has_go``), ``dh``/``dc`` ``[B, H]`` those at ``h_T``/``c_T`` on entry and
         at ``h_0``/``c_0`` on return; writes the gate gradients ``dz`` ``[B, T, 4H]``; ``w`` =
-        ``W_hh`` ``[4H, H]``, ``s`` ``[B, 4H]`` scratch."""
+        ``W_hh`` ``[4H, H]``, ``s`` ``[B, 4H]``, ``tmp`` ``[B, H]`` scratch. With ``masked``,
+        an invalid step passes the state gradients through and has zero gate gradients."""
         steps, batch, g4 = acts.shape
         hid = g4 // 4
         one = _one(acts)
         for t in range(steps - 1, -1, -1):
             if has_go:
-                dh += go[:, t, :]
+                _add_valid(dh, go, valid, masked, t)
             for b in range(batch):
                 ab, cp, tc, dhb, dcb, sb = acts[t, b], cs[t, b], tcs[t, b], dh[b], dc[b], s[b]
+                if masked and valid[b, t] == 0:
+                    sb[:] = 0
+                    continue
                 for j in range(hid):  # dc_t += dh_t o (1 - tanh(c_t)^2)
                     dcb[j] += dhb[j] * ab[3 * hid + j] * (one - tc[j] * tc[j])
                 for j in range(hid):  # d i
@@ -287,14 +316,21 @@ if njit is not None:  # the compiled functions, defined only with numba
                 for j in range(hid):  # dc_{t-1}
                     dcb[j] *= ab[hid + j]
             _copy_rows(s, dz, t)
-            np.dot(s, w, dh)
+            if masked:  # dh_{t-1} = dz_t W_hh where the step is valid, else dh_t
+                np.dot(s, w, tmp)
+                for b in range(batch):
+                    if valid[b, t] != 0:
+                        dh[b, :] = tmp[b]
+            else:
+                np.dot(s, w, dh)
 
     @njit(nogil=True, error_model="numpy", cache=True, fastmath={"contract"})
-    def _gru_forward(gi, b_hh, h0, wt, acts, ghn, hs, h, z):  # type: ignore[no-untyped-def]
+    def _gru_forward(gi, b_hh, h0, wt, valid, masked, acts, ghn, hs, h, z):  # type: ignore[no-untyped-def]
         """GRU: ``gi`` ``[B, T, 3H]``, ``b_hh`` ``[3H]``, ``h0`` ``[B, H]``, ``wt`` =
         ``W_hh^T`` ``[H, 3H]``; writes the gates ``r, z, n`` ``acts`` ``[T, B, 3H]``, the
         hidden part of ``n``'s pre-activation ``W_hn h + b_hn`` ``ghn`` ``[T, B, H]`` and the
-        outputs ``hs`` ``[B, T, H]``; ``h`` ``[B, H]``, ``z`` ``[B, 3H]`` scratch."""
+        outputs ``hs`` ``[B, T, H]``; ``h`` ``[B, H]``, ``z`` ``[B, 3H]`` scratch. ``valid``,
+        ``masked``: as :func:`lstm_forward`'s."""
         batch, steps, g3 = gi.shape
         hid = g3 // 3
         h[:, :] = h0
@@ -302,6 +338,10 @@ if njit is not None:  # the compiled functions, defined only with numba
             np.dot(h, wt, z)
             for b in range(batch):
                 zb, gb, ab, nb, hb = z[b], gi[b, t], acts[t, b], ghn[t, b], h[b]
+                if masked and valid[b, t] == 0:
+                    ab[:] = 0
+                    nb[:] = 0
+                    continue
                 for k in range(2 * hid):
                     ab[k] = _sig(gb[k] + zb[k] + b_hh[k])
                 for j in range(hid):
@@ -312,23 +352,32 @@ if njit is not None:  # the compiled functions, defined only with numba
                     zj, nj = ab[hid + j], ab[2 * hid + j]
                     hb[j] = (_one(ab) - zj) * nj + zj * hb[j]
             _copy_rows(h, hs, t)
+            if masked:
+                _zero_invalid(hs, valid, t)
 
     @njit(nogil=True, error_model="numpy", cache=True, fastmath={"contract"})
-    def _gru_backward(acts, ghn, hs, h0, w, go, has_go, dh, dgi, dgh, s, tmp):  # type: ignore[no-untyped-def]
+    def _gru_backward(acts, ghn, hs, h0, w, go, has_go, valid, masked, dh, dgi, dgh, s, tmp):  # type: ignore[no-untyped-def]
         """GRU back-propagation through time: ``go`` ``[B, T, H]`` the gradients at the
         outputs (read when ``has_go``), ``dh`` ``[B, H]`` that at ``h_T`` on entry and at
         ``h_0`` on return; writes the gradients at the input projection ``dgi`` and at the
         hidden projection ``dgh`` (``[B, T, 3H]``; they differ in the ``n`` block by the factor
-        ``r``); ``w`` = ``W_hh`` ``[3H, H]``, ``s`` ``[B, 3H]``, ``tmp`` ``[B, H]`` scratch."""
+        ``r``); ``w`` = ``W_hh`` ``[3H, H]``, ``s`` ``[B, 3H]``, ``tmp`` ``[B, H]`` scratch.
+        With ``masked`` the valid steps of each example are consecutive (packed sequences, in
+        either direction): an invalid step passes ``dh`` through, and the state before a
+        valid step is the previous output or, after invalid steps, ``h0``."""
         steps, batch, g3 = acts.shape
         hid = g3 // 3
         one = _one(acts)
         for t in range(steps - 1, -1, -1):
             if has_go:
-                dh += go[:, t, :]
+                _add_valid(dh, go, valid, masked, t)
             for b in range(batch):
                 ab, nb, dhb, sb = acts[t, b], ghn[t, b], dh[b], s[b]
-                hp = hs[b, t - 1] if t > 0 else h0[b]
+                if masked and valid[b, t] == 0:
+                    sb[:] = 0
+                    continue
+                after = t > 0 and (not masked or valid[b, t - 1] != 0)
+                hp = hs[b, t - 1] if after else h0[b]
                 for j in range(hid):  # d n_pre, kept in the n block of s for now
                     n = ab[2 * hid + j]
                     sb[2 * hid + j] = dhb[j] * (one - ab[hid + j]) * (one - n * n)

@@ -20,8 +20,8 @@ one example at a time).
 Supported: all RNN/GRU/LSTM options except unbatched (2-D) inputs (``num_layers``, ``bias``,
 ``batch_first``, ``dropout``, ``bidirectional``, ``proj_size``, given or default initial
 states, outputs and final states both usable), and ``PackedSequence`` inputs (unpacked; every
-step past an example's length keeps its state and outputs zero, as torch's packed kernels,
-in a per-step loop);
+step past an example's length keeps its state and outputs zero, as torch's packed kernels:
+masked steps of the compiled LSTM/GRU scans, else a per-step loop);
 ``nn.MultiheadAttention`` with packed or separate projections (``kdim``/``vdim``),
 ``batch_first``, ``bias``, ``add_zero_attn``, ``key_padding_mask``/``attn_mask`` (bool or
 float), ``is_causal``, ``need_weights``/``average_attn_weights`` and dropout;
@@ -246,14 +246,22 @@ def rnn_forward(module: nn.RNNBase, rec: Recorder, input: Any, hx: Any = None) -
             gi = rec.linear(layer_in, w_ih, b_ih, ("weight_ih" + sfx, None, bias_ih, None))
             h = h0[layer * dirs + d]
             c = c0[layer * dirs + d] if c0 is not None else None
-            if mode == "GRU" and valid is None and _compiled(gi) and gi.dtype == h.dtype:
+            if mode == "GRU" and _compiled(gi) and gi.dtype == h.dtype:
                 seq_out, h = _gru_layer(
-                    rec, gi, h, w_hh, b_hh, d == 1, ("weight_hh" + sfx, None, bias_hh, None)
+                    rec,
+                    gi,
+                    h,
+                    w_hh,
+                    b_hh,
+                    d == 1,
+                    ("weight_hh" + sfx, None, bias_hh, None),
+                    valid,
                 )
                 outs.append(seq_out)
                 h_last.append(h)
                 continue
-            if mode != "GRU" and proj == 0 and valid is None:
+            lstm_scan = mode == "LSTM" and proj == 0 and (valid is None or _compiled(gi))
+            if lstm_scan or (mode[:3] == "RNN" and valid is None):
                 seq_out, h, c = _fused_layer(
                     module,
                     rec,
@@ -265,6 +273,7 @@ def rnn_forward(module: nn.RNNBase, rec: Recorder, input: Any, hx: Any = None) -
                     b_hh,
                     d == 1,
                     ("weight_hh" + sfx, None, bias_hh, None),
+                    valid,
                 )
                 outs.append(seq_out)
                 h_last.append(h)
@@ -339,6 +348,7 @@ def _fused_layer(
     b_hh: Tensor | None,
     reverse: bool,
     hh_key: LinearKey,
+    valid: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """One layer and direction of an LSTM or Elman RNN from the recorded input projection
     ``gi = x W_ih^T + b_ih``.
@@ -350,11 +360,16 @@ def _fused_layer(
     both). That map is recorded with the previous hidden states (``h_0`` and the outputs) and
     ``gi``'s gradient slot: per-example gradients ``sum_t delta_t h_{t-1}^T`` with no
     autograd graph over the time steps.
+
+    ``valid`` ``[B, T]`` (packed sequences, LSTM with the compiled scan only): past an
+    example's length its states stay and its outputs are zero; the state before each step
+    is then ``h_0`` or the previous output (:func:`_previous_states`).
     """
     seq = gi.flip(1) if reverse else gi
+    mask = None if valid is None else (valid.flip(1) if reverse else valid)
     if module.mode == "LSTM":
         assert c0 is not None
-        out, h_n, c_n = _LSTMScan.apply(seq, h0, c0, w_hh, b_hh)
+        out, h_n, c_n = _LSTMScan.apply(seq, h0, c0, w_hh, b_hh, mask)
         c_last: Tensor | None = c_n
     else:
         g = int(gi.shape[-1])
@@ -372,11 +387,25 @@ def _fused_layer(
             seq, h0.unsqueeze(0).to(gi.dtype), params, b_hh is not None, 1, 0.0, False, False, True
         )
         h_n, c_last = h_all[0], None
-    prev = torch.cat([h0.unsqueeze(1).to(out.dtype), out[:, :-1]], dim=1)  # [B, T, H]
+    prev = _previous_states(h0, out, mask)
     if reverse:
         prev, out = prev.flip(1), out.flip(1)
     rec.record(hh_key, prev, gi_slot)
     return out, h_n, c_last
+
+
+def _previous_states(h0: Tensor, out: Tensor, mask: Tensor | None) -> Tensor:
+    """The hidden state before each step, ``[B, T, H]``, from a scan's outputs (in its time
+    order): ``h_0``, then the previous output; with a packed ``mask`` (each example's valid
+    steps consecutive) ``h_0`` also after invalid steps, whose outputs are zero while the
+    state is kept (before a reversed sequence's start; after a sequence's end the gate
+    gradients are zero, so what is recorded there does not count)."""
+    first = h0.unsqueeze(1).to(out.dtype)
+    prev = torch.cat([first, out[:, :-1]], dim=1)
+    if mask is not None:
+        after = torch.cat([torch.ones_like(mask[:, :1]), mask[:, :-1]], dim=1)
+        prev = torch.where(after.unsqueeze(2), prev, first)
+    return prev
 
 
 def _gru_layer(
@@ -387,6 +416,7 @@ def _gru_layer(
     b_hh: Tensor | None,
     reverse: bool,
     hh_key: LinearKey,
+    valid: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """One layer and direction of a GRU from the recorded input projection ``gi``, by the
     compiled scan (:class:`_GRUScan`; CPU float32/float64 with numba, else the caller's
@@ -397,13 +427,14 @@ def _gru_layer(
     takes a second input, a slot tensor made from ``gi`` (:class:`_GateSlot`, zeros that
     pass no gradient on), and returns that gradient to it; the map is recorded with the
     previous hidden states and the slot's gradient edge, in the scan's time order.
+    ``valid``: packed sequences, as :func:`_fused_layer`'s.
     """
     seq = gi.flip(1) if reverse else gi
+    mask = None if valid is None else (valid.flip(1) if reverse else valid)
     slot_t = _GateSlot.apply(seq)
     slot = rec.register(slot_t) if slot_t.requires_grad else None
-    out, h_n = _GRUScan.apply(seq, slot_t, h0, w_hh, b_hh)
-    prev = torch.cat([h0.unsqueeze(1).to(out.dtype), out[:, :-1]], dim=1)  # [B, T, H]
-    rec.record(hh_key, prev, slot)
+    out, h_n = _GRUScan.apply(seq, slot_t, h0, w_hh, b_hh, mask)
+    rec.record(hh_key, _previous_states(h0, out, mask), slot)
     return (out.flip(1) if reverse else out), h_n
 
 
@@ -432,7 +463,13 @@ class _GRUScan(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, gi: Tensor, slot: Tensor, h0: Tensor, w_hh: Tensor, b_hh: Tensor | None
+        ctx: Any,
+        gi: Tensor,
+        slot: Tensor,
+        h0: Tensor,
+        w_hh: Tensor,
+        b_hh: Tensor | None,
+        mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         dt = gi.dtype
         batch, steps, g3 = (int(v) for v in gi.shape)
@@ -446,17 +483,22 @@ class _GRUScan(torch.autograd.Function):
 
             bias = torch.zeros(g3, dtype=dt) if b_hh is None else b_hh.detach().to(dt).contiguous()
             acts, ghn, hs = new(steps, batch, g3), new(steps, batch, hid), new(batch, steps, hid)
-            args = (gi.detach().contiguous(), bias, h0d, w.t().contiguous(), acts, ghn, hs)
-            scratch = (new(batch, hid), new(batch, g3))
+            args = (gi.detach().contiguous(), bias, h0d, w.t().contiguous())
+            valid, masked = _mask_arg(mask)
+            h = new(batch, hid)
+            outs = (acts, ghn, hs, h, new(batch, g3))
             old = _scan_kernels.blas_threads(_blas_threads(batch, hid, g3))
             try:
-                _scan_kernels.gru_forward(*(_np(a) for a in (*args, *scratch)))
+                _scan_kernels.gru_forward(
+                    *(_np(a) for a in args), valid, masked, *(_np(a) for a in outs)
+                )
             finally:
                 _scan_kernels.restore_blas_threads(old)
         ctx.save_for_backward(acts, ghn, hs, h0d, w)
         ctx.h0_dtype = h0.dtype
+        ctx.mask = (valid, masked)
         ctx.set_materialize_grads(False)
-        return hs, hs[:, -1].clone()
+        return hs, h
 
     @staticmethod
     def backward(  # type: ignore[override]
@@ -474,11 +516,11 @@ class _GRUScan(torch.autograd.Function):
         try:
             _scan_kernels.gru_backward(
                 _np(acts), _np(ghn), _np(hs), _np(h0), _np(w.contiguous()), _np(go),
-                g_out is not None, _np(dh), _np(dgi), _np(dgh), _np(s), _np(tmp),
+                g_out is not None, *ctx.mask, _np(dh), _np(dgi), _np(dgh), _np(s), _np(tmp),
             )  # fmt: skip
         finally:
             _scan_kernels.restore_blas_threads(old)
-        return dgi, dgh, dh.to(ctx.h0_dtype), None, None
+        return dgi, dgh, dh.to(ctx.h0_dtype), None, None, None
 
 
 def _tanh_into(x: Tensor, out: Tensor) -> None:
@@ -517,31 +559,40 @@ class _LSTMScan(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, gi: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, b_hh: Tensor | None
+        ctx: Any,
+        gi: Tensor,
+        h0: Tensor,
+        c0: Tensor,
+        w_hh: Tensor,
+        b_hh: Tensor | None,
+        mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         dt = gi.dtype
         with torch.autocast(gi.device.type, enabled=False), torch.no_grad():
             w = w_hh.detach().to(dt)
-            if _compiled(gi) and dt == torch.float32:
-                hs, acts, cs, tcs = _compiled_forward(gi, h0, c0, w, b_hh)
+            # packed sequences (mask): the compiled kernels only (rnn_forward checks)
+            if _compiled(gi) and (dt == torch.float32 or mask is not None):
+                hs, acts, cs, tcs, h_n = _compiled_forward(gi, h0, c0, w, b_hh, mask)
             else:
                 hs, acts, cs, tcs = _torch_forward(gi, h0, c0, w, b_hh)
+                h_n = hs[:, -1].clone()
         ctx.save_for_backward(acts, cs, tcs, w)
         ctx.dtypes = (h0.dtype, c0.dtype)
+        ctx.mask = mask
         # outputs the loss does not use get None, not materialised zeros (a classifier on h_n)
         ctx.set_materialize_grads(False)
-        return hs, hs[:, -1].clone(), cs[-1].clone()
+        return hs, h_n, cs[-1].clone()
 
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: Any, g_out: Tensor | None, g_h: Tensor | None, g_c: Tensor | None
     ) -> tuple[Tensor | None, ...]:
         acts, cs, tcs, w = ctx.saved_tensors
-        if _compiled(acts):
-            dz, dh, dc = _compiled_backward(acts, cs, tcs, w, g_out, g_h, g_c)
+        if _compiled(acts) or ctx.mask is not None:
+            dz, dh, dc = _compiled_backward(acts, cs, tcs, w, g_out, g_h, g_c, ctx.mask)
         else:
             dz, dh, dc = _torch_backward(acts, cs, tcs, w, g_out, g_h, g_c)
-        return dz, dh.to(ctx.dtypes[0]), dc.to(ctx.dtypes[1]), None, None
+        return dz, dh.to(ctx.dtypes[0]), dc.to(ctx.dtypes[1]), None, None, None
 
 
 #: Whether :class:`_LSTMScan` may run the compiled kernels of
@@ -560,6 +611,13 @@ def _compiled(t: Tensor) -> bool:
     )
 
 
+def _mask_arg(mask: Tensor | None) -> tuple[np.ndarray, bool]:
+    """The kernels' ``valid`` (uint8 ``[B, T]``) and ``masked`` arguments."""
+    if mask is None:
+        return np.zeros((1, 1), dtype=np.uint8), False
+    return np.ascontiguousarray(mask.detach().cpu().numpy().astype(np.uint8)), True
+
+
 def _blas_threads(batch: int, hid: int, gates: int) -> int:
     """OpenBLAS threads for the scans' per-step products ``[B, H] x [H, G]``: torch's
     thread count from 2**23 multiply-adds a product, else one. Smaller products only lose
@@ -574,10 +632,11 @@ def _np(t: Tensor) -> np.ndarray:
 
 
 def _compiled_forward(
-    gi: Tensor, h0: Tensor, c0: Tensor, w: Tensor, b_hh: Tensor | None
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    gi: Tensor, h0: Tensor, c0: Tensor, w: Tensor, b_hh: Tensor | None, mask: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """:func:`renyi.dpsgd._scan_kernels.lstm_forward`: outputs ``[B, T, H]``, gates
-    ``[T, B, 4H]``, cell states ``[T + 1, B, H]`` and their ``tanh`` ``[T, B, H]``.
+    ``[T, B, 4H]``, cell states ``[T + 1, B, H]``, their ``tanh`` ``[T, B, H]`` and the
+    final hidden state; ``mask`` ``[B, T]``: the valid steps of packed sequences.
 
     Used for float32 only: in float64 the kernel's scalar C-library ``exp``/``tanh`` are
     slower than the torch loop with numpy's vectorised ``tanh`` (B = 64, T = 32, H = 64:
@@ -596,25 +655,22 @@ def _compiled_forward(
         new(steps, batch, hid),
         new(batch, steps, hid),
     )
-    args = (
+    ins = (
         gi.detach().contiguous(),
         bias,
         h0.detach().to(dt).contiguous(),
         c0.detach().to(dt).contiguous(),
         w.t().contiguous(),
-        acts,
-        cs,
-        tcs,
-        hs,
-        new(batch, hid),
-        new(batch, g4),
     )
+    h = new(batch, hid)
+    outs = (acts, cs, tcs, hs, h, new(batch, g4))
+    valid, masked = _mask_arg(mask)
     old = _scan_kernels.blas_threads(_blas_threads(batch, hid, g4))
     try:
-        _scan_kernels.lstm_forward(*(_np(a) for a in args))
+        _scan_kernels.lstm_forward(*(_np(a) for a in ins), valid, masked, *(_np(a) for a in outs))
     finally:
         _scan_kernels.restore_blas_threads(old)
-    return hs, acts, cs, tcs
+    return hs, acts, cs, tcs, h
 
 
 def _compiled_backward(
@@ -625,9 +681,10 @@ def _compiled_backward(
     g_out: Tensor | None,
     g_h: Tensor | None,
     g_c: Tensor | None,
+    mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`renyi.dpsgd._scan_kernels.lstm_backward`: gate gradients ``[B, T, 4H]`` and the
-    gradients at ``h_0``, ``c_0``."""
+    gradients at ``h_0``, ``c_0``; ``mask`` as :func:`_compiled_forward`'s."""
     steps, batch, g4 = (int(s) for s in acts.shape)
     hid = g4 // 4
     dt = acts.dtype
@@ -650,10 +707,12 @@ def _compiled_backward(
             _np(w.contiguous()),
             _np(go),
             g_out is not None,
+            *_mask_arg(mask),
             _np(dh),
             _np(dc),
             _np(dz),
             _np(scratch),
+            _np(torch.empty(batch, hid, dtype=dt)),
         )
     finally:
         _scan_kernels.restore_blas_threads(old)
