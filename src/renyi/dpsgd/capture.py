@@ -285,6 +285,9 @@ class PerExampleCapture:
             for full in lay.full
         }
         self._detached_params = [(n, p) for n, p in self.engine._params.items() if n in detached]
+        #: the recording in place while the engine's own passes (the check) run: inactive
+        self._idle = _Recording(self.engine._layers, hooks=False)
+        self._idle.active = False
         self._cm = self.engine._recording(hooks=True)
         self._holder = self._cm.__enter__()
         self._holder[0].active = False
@@ -521,14 +524,15 @@ class PerExampleCapture:
         if batch == 0:
             sums, _, norms = engine._empty()
             return sums, norms
-        gy = self._output_grads(pending)
+        if not pending.out_slots:
+            self._output_grads(pending)  # raises: no output to take gradients from
         holder_before = self._holder[0]
-        self._holder[0] = _Recording(engine._layers, hooks=False)
-        self._holder[0].active = False  # the check's own forwards are not captured
+        self._holder[0] = self._idle  # the check's own forwards are not captured
         engine.call = pending.call
         try:
             inputs = pending.call.inputs
             if engine.mode == "vmap":
+                gy = self._output_grads(pending)
                 call = pending.call
                 if call.spec is not None or len(call.leaves) != len(inputs):
                     raise UnsupportedModelError(
@@ -541,8 +545,9 @@ class PerExampleCapture:
                 )
                 return sums, norms
             start = time.perf_counter()
+            # the output gradients (the check's per-example objective) only when it runs
             if engine.self_check and engine.schedule.due():
-                engine._self_check(inputs, gy, batch)
+                engine._self_check(inputs, self._output_grads(pending), batch)
                 engine.schedule.record_check(time.perf_counter() - start)
                 start = time.perf_counter()
             try:
@@ -550,7 +555,7 @@ class PerExampleCapture:
             except LayoutError:  # a batch dimension not yet learned: the check learns it
                 if not engine.self_check:
                     raise
-                engine._self_check(inputs, gy, batch)
+                engine._self_check(inputs, self._output_grads(pending), batch)
                 by_layer = engine._collect(rec, batch)
             total_sq = engine._total_sq(by_layer)
             sq = None
