@@ -635,12 +635,12 @@ class ClippedGradientEngine:
         dt, dev = compute_dtype(params[0].dtype), params[0].device
         if any(compute_dtype(p.dtype) != dt or p.device != dev for p in params):
             return None
-        flat = torch.empty(sum(p.numel() for p in params), dtype=dt, device=dev)
-        views, offset = {}, 0
-        for n, p in self._params.items():
-            views[n] = flat[offset : offset + p.numel()].view(p.shape)
-            offset += p.numel()
-        return views
+        sizes = [p.numel() for p in params]
+        flat = torch.empty(sum(sizes), dtype=dt, device=dev)
+        return {
+            n: v.view(p.shape)
+            for (n, p), v in zip(self._params.items(), flat.split(sizes), strict=True)
+        }
 
     def _weighted(
         self,

@@ -458,13 +458,6 @@ def linear_total_sq(layers: Sequence[_LinearGrads]) -> Tensor:
     return _sum(parts) if parts else torch.zeros(batch, dtype=torch.float64, device=sq.device)
 
 
-def _linear(
-    module: nn.Linear, calls: Sequence[Call], names: Sequence[str], batch: int
-) -> _OuterProductGrads | _LinearGrads | _SeqLinearGrads:
-    used = _used_calls(calls)
-    return _linear_from(used, module.in_features, module.out_features, names, batch)
-
-
 def _linear_from(
     used: Sequence[tuple[Tensor, Tensor]],
     d: int,
@@ -1093,10 +1086,11 @@ def ghost_layer_grads(
         names: the layer's trainable parameter names (``"weight"``, ``"bias"``).
         batch: the batch size ``B``.
     """
-    if not _used_calls(calls):
+    used = _used_calls(calls)
+    if not used:
         return _ZeroGrads(module, names, batch)
     if isinstance(module, nn.Linear):
-        return _linear(module, calls, names, batch)
+        return _linear_from(used, module.in_features, module.out_features, names, batch)
     if isinstance(module, nn.Conv1d | nn.Conv2d):
         return _ConvGrads(module, calls, names, batch)
     if isinstance(module, nn.Embedding):
