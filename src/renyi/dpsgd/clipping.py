@@ -817,11 +817,23 @@ class ClippedGradientEngine:
             anchor = getattr(module, lay.local[0])
 
             def forward(*args: Any, **kwargs: Any) -> Any:
-                if not holder[0].active or len(args) + len(kwargs) != 1:
+                rec = holder[0]
+                if not rec.active or len(args) + len(kwargs) != 1:
                     return type(module).forward(module, *args, **kwargs)
                 x = args[0] if args else next(iter(kwargs.values()))
-                out = anchored(fn, anchor, x)
-                hook(module, args, kwargs, out)
+                if not isinstance(x, Tensor) or kwargs:
+                    out = anchored(fn, anchor, x)
+                    hook(module, args, kwargs, out)
+                    return out
+                # the common call layer(x): what anchored() and the hook do, for one tensor
+                out = fn(x) if x.requires_grad else anchored(fn, anchor, x)
+                if not isinstance(out, Tensor):
+                    hook(module, args, kwargs, out)
+                    return out
+                xd = x.detach()
+                rec.versions.append((name, xd, xd._version))
+                slot = rec.register(out) if out.requires_grad else None
+                rec.records[name].append(((xd,), {}, [slot]))
                 return out
 
             return forward
