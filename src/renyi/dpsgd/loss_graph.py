@@ -231,11 +231,11 @@ def seeded_backward(
     A loss that reaches no seam (nothing of a captured forward pass) gets the plain backward.
     """
     with torch._C.DisableTorchFunctionSubclass():
-        plain = [_plain(r) for r in roots]
-        plan = analyse_loss(plain, current_seams())
+        # read through the traced roots themselves: a plain alias would add a graph node
+        plan = analyse_loss(list(roots), current_seams())
         if plan is None:
             torch.autograd.backward(
-                plain,
+                [_plain(r) for r in roots],
                 [_plain(g) for g in grads],
                 retain_graph=retain_graph,
                 create_graph=create_graph,
