@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 import numpy as np  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
-from renyi.dpsgd import _scan_kernels, decomposed, ghost  # noqa: E402
+from renyi.dpsgd import _onednn, _scan_kernels, decomposed, ghost  # noqa: E402
 from renyi.dpsgd.clipping import ClippedGradientEngine  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -280,7 +280,7 @@ def test_lstm_maps_share_their_gate_gradients_and_match_batch_of_one(bias: bool)
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "rows"])
 def test_input_linear_equals_float64_linear(bias: bool, layout: str) -> None:
-    """The capture path's affine maps (``decomposed.input_linear``: oneDNN in float32 on the
+    """The capture path's affine maps (``_onednn.linear``: oneDNN in float32 on the
     CPU) against ``F.linear`` in float64: outputs and input gradients to float32 rounding,
     no gradient for the detached weight; a non-contiguous input and a row block of a packed
     weight (attention's ``in_proj_weight``) included."""
@@ -291,9 +291,9 @@ def test_input_linear_equals_float64_linear(bias: bool, layout: str) -> None:
     w_all = torch.randn(24, 7, generator=g)
     w = w_all[8:16] if layout == "rows" else w_all[:8].clone()
     b = torch.randn(8, generator=g) if bias else None
-    assert decomposed._onednn_applies(x, w, b) == torch.backends.mkldnn.is_available()
+    assert _onednn.applies(x, w, b) == torch.backends.mkldnn.is_available()
     xr = x.clone().requires_grad_()
-    y = decomposed.input_linear(xr, w, b)
+    y = _onednn.linear(xr, w, b)
     up = torch.randn(y.shape, generator=g)
     (dx,) = torch.autograd.grad(y, xr, up)
     x64 = x.double().requires_grad_()
@@ -303,10 +303,10 @@ def test_input_linear_equals_float64_linear(bias: bool, layout: str) -> None:
     torch.testing.assert_close(y.double(), y64, rtol=0, atol=1e-5)
     torch.testing.assert_close(dx.double(), dx64, rtol=0, atol=1e-5)
     # float64, autocast and empty batches take F.linear
-    assert not decomposed._onednn_applies(x.double(), w.double(), None)
-    assert not decomposed._onednn_applies(x[:0], w, b)
+    assert not _onednn.applies(x.double(), w.double(), None)
+    assert not _onednn.applies(x[:0], w, b)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not decomposed._onednn_applies(x, w, b)
+        assert not _onednn.applies(x, w, b)
 
 
 class _TextNet(nn.Module):

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from renyi.dpsgd import _scan_kernels
+from renyi.dpsgd import _onednn, _scan_kernels
 from renyi.dpsgd.grad_sample import UnsupportedModelError
 
 __all__ = [
@@ -97,7 +97,7 @@ class Recorder:
 
             wd = weight.detach()
             bd = None if bias is None else bias.detach()
-            y = anchored(lambda t: input_linear(t, wd, bd), weight, x)
+            y = anchored(lambda t: _onednn.linear(t, wd, bd), weight, x)
         else:
             y = F.linear(x, weight, bias)
         slot = self.register(y) if y.requires_grad else None
@@ -110,74 +110,6 @@ class Recorder:
         already registered ``slot`` (a map computed inside a fused kernel, see
         :func:`_fused_layer`)."""
         self.calls.setdefault(key, []).append((x.detach(), slot))
-
-
-def input_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``F.linear(x, weight, bias)`` for parameters that need no gradient (detached): the
-    gradient flows to ``x`` only.
-
-    On the CPU in float32 (no autocast, oneDNN enabled) both products run through oneDNN's
-    fp32 matrix product (``torch.ops.mkldnn._linear_pointwise``, the kernel of torch's own
-    fused LSTM and of its compiled linear layers; IEEE fp32 arithmetic as ``F.linear``'s
-    BLAS, rounding differs by accumulation order). Measured on the LSTM benchmark's input
-    projection (``[2048, 64] x [64, 256]``, one thread, AMD EPYC, where MKL takes its AVX2
-    path and oneDNN uses AVX-512): 0.28 ms against 0.63 ms for ``F.linear``, the same for
-    the input gradient. Elsewhere ``F.linear``.
-    """
-    if _onednn_applies(x, weight, bias):
-        out: Tensor = _OneDNNLinear.apply(x, weight, bias)
-        return out
-    return F.linear(x, weight, bias)
-
-
-def _onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    out: Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    return out
-
-
-def _onednn_applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
-    f32 = torch.float32
-    return (
-        _ONEDNN_LINEAR
-        and x.device.type == "cpu"
-        and x.dtype == f32
-        and weight.dtype == f32
-        and (bias is None or bias.dtype == f32)
-        and x.ndim >= 2
-        and x.numel() > 0
-        and not _cpu_autocast()
-        and torch.backends.mkldnn.is_available()
-        and bool(torch.backends.mkldnn.enabled)
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    )
-
-
-def _cpu_autocast() -> bool:
-    try:
-        return bool(torch.is_autocast_enabled("cpu"))
-    except TypeError:  # torch < 2.4
-        return bool(torch.is_autocast_cpu_enabled())
-
-
-#: Whether :func:`input_linear` may use oneDNN (tests switch it off to compare).
-_ONEDNN_LINEAR = True
-
-
-class _OneDNNLinear(torch.autograd.Function):
-    """``x W^T + b`` through oneDNN with ``W``, ``b`` detached: the backward returns the
-    input gradient ``g W`` (also through oneDNN) and nothing for ``W``, ``b``."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(weight)
-        return _onednn_linear(x, weight, bias)
-
-    @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, None, None]:  # type: ignore[override]
-        (weight,) = ctx.saved_tensors
-        if not ctx.needs_input_grad[0]:
-            return None, None, None
-        return _onednn_linear(g.contiguous(), weight.t(), None), None, None
 
 
 def _rows(t: Tensor | None, rows: tuple[int, int]) -> Tensor | None:

@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.grad import conv2d_weight
 
+from renyi.dpsgd import _onednn
 from renyi.dpsgd.grad_sample import UnsupportedModelError
 
 __all__ = [
@@ -121,7 +122,8 @@ def supports_ghost(module: nn.Module) -> bool:
 def detached_forward(module: nn.Module) -> Callable[[Tensor], Tensor]:
     """The forward of a ghost layer (:func:`supports_ghost`) with its parameters detached.
 
-    Same values and kernels as ``module(x)`` (autocast included), but autograd computes no
+    Same values as ``module(x)`` up to rounding (autocast included; a float32 ``Linear`` on
+    the CPU multiplies through oneDNN, :mod:`renyi.dpsgd._onednn`), but autograd computes no
     gradient for the parameters: on the backward-capture path their per-example gradients
     come from the layer's input and output gradient, so the weight gradient of the user's
     backward would be thrown away (Bu et al. 2023's book-keeping needs only the output
@@ -132,7 +134,7 @@ def detached_forward(module: nn.Module) -> Callable[[Tensor], Tensor]:
         return None if p is None else p.detach()
 
     if isinstance(module, nn.Linear):
-        return lambda x: F.linear(x, d(module.weight), d(module.bias))  # type: ignore[arg-type]
+        return lambda x: _onednn.linear(x, d(module.weight), d(module.bias))  # type: ignore[arg-type]
     if isinstance(module, nn.Conv1d | nn.Conv2d):
         return lambda x: module._conv_forward(x, d(module.weight), d(module.bias))  # type: ignore[arg-type]
     if isinstance(module, nn.Embedding):
@@ -411,10 +413,10 @@ class _LinearGrads:
             dest = into.get("weight")
             # scale the narrower of the two factors (fewer multiplications, same product)
             if a.shape[1] < b.shape[1]:
-                res["weight"] = torch.mm(b.t(), a * w, out=dest)
+                res["weight"] = _onednn.mm_t(b, a * w, out=dest)
             else:
                 bw = b * w
-                res["weight"] = torch.mm(bw.t(), a, out=dest)
+                res["weight"] = _onednn.mm_t(bw, a, out=dest)
                 if wb is ww:  # flat clipping: one weight per example for the whole layer
                     # = b^T w, from the product already formed
                     res["bias"] = torch.sum(bw, dim=0, out=into.get("bias"))
@@ -543,9 +545,9 @@ class _SeqLinearGrads:
             if self.per_example is not None:
                 res["weight"] = torch.tensordot(w.reshape(-1), self.per_example, dims=([0], [0]))
             elif d < o:
-                res["weight"] = torch.mm(b.reshape(-1, o).t(), (a * w).reshape(-1, d))
+                res["weight"] = _onednn.mm_t(b.reshape(-1, o), (a * w).reshape(-1, d))
             else:
-                res["weight"] = torch.mm((b * w).reshape(-1, o).t(), a.reshape(-1, d))
+                res["weight"] = _onednn.mm_t((b * w).reshape(-1, o), a.reshape(-1, d))
         if "bias" in self.names:
             res["bias"] = torch.mv(b.sum(dim=1).t(), weights["bias"].to(b.dtype))
         return res
