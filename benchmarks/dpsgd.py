@@ -20,21 +20,25 @@ Two parts, both with ``torch.set_num_threads(1)``:
 
    Configurations: ``non-private`` (the same loop with the plain optimizer); ``renyi``
    (``renyi.dpsgd.PrivacyEngine.make_private``, the loop unchanged: per-example clipping
-   captured from ``loss.backward()``, **secure noise** from ``renyi.noise``); ``renyi-randn``
-   (the same with the noise drawn by ``torch.randn``: NOT secure, to show what the noise
-   costs; labelled so in every table); ``opacus-hooks`` and ``opacus-ghost`` (Opacus 1.6's
-   ``PrivacyEngine.make_private``, ``ModuleValidator.fix`` first as an Opacus user must:
-   ``DPMultiheadAttention``, ``DPLSTM``; ghost clipping with its wrapped criterion, and not
-   for the LM, whose loss is computed inside the model). Every measurement runs in a fresh
-   subprocess (so peak RSS is that configuration's own), configurations interleaved round
-   by round. Each subprocess times its steps one by one (after 3 warm-up steps) and reports
-   the median step time and its peak RSS; then it times its steps alternating (two by two,
-   the second timed) with those of a non-private twin of the model in the same process: the
-   ratio to non-private time (``×time``) is the median of those step-by-step ratios (each
-   pair sees the same load of a shared machine), median over rounds; ``×cpu`` is the same
-   with each step's CPU (thread) time, which the other processes of a loaded machine do not
-   add to; ``noise`` is the CPU time of the noise release alone (renyi's configurations) in
-   units of the twin's step, so that the noise's share and the rest's can be told apart.
+   captured from ``loss.backward()``, **secure noise** from ``renyi.noise``; on the CPU in
+   float32 renyi's own matrix products go through oneDNN, ``renyi.dpsgd._onednn``);
+   ``renyi-torch-kernels`` (the same with those products by torch's default kernels, the
+   ones the non-private step uses: the cost of privacy itself, apart from faster kernels);
+   ``renyi-randn`` (the same with the noise drawn by ``torch.randn``: NOT secure, to show
+   what the noise costs; labelled so in every table); ``opacus-hooks`` and ``opacus-ghost``
+   (Opacus 1.6's ``PrivacyEngine.make_private``, ``ModuleValidator.fix`` first as an Opacus
+   user must: ``DPMultiheadAttention``, ``DPLSTM``; ghost clipping with its wrapped
+   criterion, and not for the LM, whose loss is computed inside the model). Every
+   measurement runs in a fresh subprocess (so peak RSS is that configuration's own),
+   configurations interleaved round by round. Each subprocess times its steps one by one
+   (after 3 warm-up steps) and reports the median step time and its peak RSS; then it times
+   its steps alternating (two by two, the second timed) with those of a non-private twin of
+   the model in the same process: the ratio to non-private time (``×time``) is the median of
+   those step-by-step ratios (each pair sees the same load of a shared machine), median over
+   rounds; ``×cpu`` is the same with each step's CPU (thread) time, which the other
+   processes of a loaded machine do not add to; ``noise`` is the CPU time of the noise
+   release alone (renyi's configurations) in units of the twin's step, so that the noise's
+   share and the rest's can be told apart.
    Every subprocess first imports the same libraries (torch, opacus, transformers, peft,
    renyi with its accountant and scipy, cryptography) whatever it measures, so that peak
    RSS differences are the training step's; the subprocesses are started before this
@@ -67,7 +71,14 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-CONFIGS = ("non-private", "renyi", "renyi-randn", "opacus-hooks", "opacus-ghost")
+CONFIGS = (
+    "non-private",
+    "renyi",
+    "renyi-torch-kernels",
+    "renyi-randn",
+    "opacus-hooks",
+    "opacus-ghost",
+)
 #: Opacus's ghost clipping wraps a criterion(output, target): not the LM's built-in loss.
 SKIP = {("gpt2-lora", "opacus-ghost")}
 MODELS = {"cnn": 256, "mlp": 512, "transformer": 64, "lstm": 64, "gpt2-lora": 8}
@@ -248,7 +259,11 @@ def make_step(model_name: str, config: str) -> Callable[[], None]:
         return step
     loader = DataLoader(TensorDataset(x, y), batch_size=size)
     if config.startswith("renyi"):
-        from renyi.dpsgd import PrivacyEngine
+        from renyi.dpsgd import PrivacyEngine, _onednn
+
+        # renyi-torch-kernels: renyi's products by torch's default kernels (the non-private
+        # step's), not oneDNN's: the cost of privacy itself, apart from the faster kernels
+        _onednn.ENABLED = config != "renyi-torch-kernels"
 
         pmodel, popt, _ = PrivacyEngine(accountant="rdp").make_private(
             module=model,
