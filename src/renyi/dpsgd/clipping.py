@@ -669,7 +669,13 @@ class ClippedGradientEngine:
                         local_w[local] = converted[key]
                     if views is not None and lay is not None:
                         fulls = [lay.full_of[local] for local in local_w]
-                        if all(f not in self._shared and views[f].dtype == dt for f in fulls):
+                        dev = grads.b.device
+                        if all(
+                            f not in self._shared
+                            and views[f].dtype == dt
+                            and views[f].device == dev
+                            for f in fulls
+                        ):
                             into = {
                                 local: views[f] for local, f in zip(local_w, fulls, strict=True)
                             }
