@@ -119,5 +119,10 @@ def test_the_text_script_with_opacus_reaches_a_comparable_accuracy(tmp_path: Pat
     _, eps_o, acc_o = _run(theirs)
     _, eps_r, acc_r = _run(TEXT_SCRIPT)
     assert eps_r <= 8.0 and eps_o <= 8.05  # Opacus's PRV is an estimate, not a bound
-    assert acc_r > 0.45 and acc_o > 0.45  # three balanced classes
+    # Three balanced classes, 900 test texts: chance is 1/3 with a sampling sd of 0.016, so
+    # 0.40 is 4.2 sd above what a model that learned nothing scores. renyi's accuracy with
+    # unseeded secure noise ranged 0.46-0.52 over 7 runs (sd about 0.02): the threshold is
+    # about 4.5 sd below its mean, a false alarm below 1e-5 per run. (It was 0.45, which
+    # failed 2 runs in 7.)
+    assert acc_r > 0.40 and acc_o > 0.40
     assert abs(acc_r - acc_o) < 0.15
