@@ -95,16 +95,7 @@ NOISE_CPU_S: list[float] = []
 
 
 # ---------------------------------------------------------------------------- models
-def _global(cls: type) -> Any:
-    """Make a class defined after the lazy torch import picklable (Opacus's
-    ``ModuleValidator.fix`` deep-copies the model)."""
-    cls.__qualname__ = cls.__name__
-    globals()[cls.__name__] = cls
-    return cls
-
-
 def build(model: str) -> Any:
-    import torch
     from torch import nn
 
     if model == "cnn":  # Opacus examples/mnist.py SampleConvNet (26,010 parameters)
@@ -117,36 +108,10 @@ def build(model: str) -> Any:
         )
     if model == "linear64":
         return nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
-    if model == "transformer":
+    if model in ("transformer", "lstm"):  # the engine benchmark's two text models
+        from dpsgd_engine import lstm_classifier, text_transformer
 
-        class TextTransformer(nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.emb = nn.Embedding(VOCAB, 64)
-                self.pos = nn.Embedding(SEQ, 64)
-                layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.1, batch_first=True)
-                self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-                self.fc = nn.Linear(64, 2)
-
-            def forward(self, x: torch.Tensor) -> torch.Tensor:
-                pos = torch.arange(x.shape[1], device=x.device).repeat(x.shape[0], 1)
-                return self.fc(self.enc(self.emb(x) + self.pos(pos)).mean(dim=1))
-
-        return _global(TextTransformer)()
-    if model == "lstm":
-
-        class LSTMClassifier(nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.emb = nn.Embedding(VOCAB, 64)
-                self.rnn = nn.LSTM(64, 64, batch_first=True)
-                self.fc = nn.Linear(64, 2)
-
-            def forward(self, x: torch.Tensor) -> torch.Tensor:
-                _, (h, _) = self.rnn(self.emb(x))
-                return self.fc(h[-1])
-
-        return _global(LSTMClassifier)()
+        return text_transformer() if model == "transformer" else lstm_classifier()
     if model == "gpt2-lora":
         import transformers
         from peft import LoraConfig, get_peft_model
