@@ -309,6 +309,8 @@ class DPOptimizer(torch.optim.Optimizer):
                 self._param_names.append(named[id(p)])
                 self._params.append(p)
         self.original_optimizer = optimizer
+        #: every parameter of the wrapped optimizer at set-up (a later one is refused)
+        self._known_ids = frozenset(id(p) for p in [*self._params, *self._frozen])
         self.model = model
         self.sampler = sampler
         self.expected_batch_size = check_positive(
@@ -817,6 +819,18 @@ class DPOptimizer(torch.optim.Optimizer):
             )
 
     def _check_frozen(self) -> None:
+        known = self._known_ids
+        for group in self.original_optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) not in known:
+                    # e.g. optimizer.original_optimizer.add_param_group(...) after set-up: the
+                    # wrapped optimizer would step it with its raw, unclipped, unnoised .grad
+                    raise fail(
+                        "optimizer",
+                        f"parameter of shape {tuple(p.shape)} added after set-up",
+                        "the parameters fixed when the DP optimizer was made (add them to the "
+                        "optimizer before make_private)",
+                    )
         for p in self._frozen:
             if p.requires_grad:
                 raise fail(
