@@ -526,7 +526,14 @@ class _SeqLinearGrads:
                 ga = torch.bmm(a, a.transpose(1, 2))  # [B, T, T]
                 gb = self.shared.gram() if self.shared is not None else _gram64(b)
                 # float64 products: (a.a)(b.b) may exceed the float32 range
-                res["weight"] = (ga.double() * gb).sum(dim=(1, 2)).clamp_min(0.0)
+                sq = (ga.double() * gb).sum(dim=(1, 2)).clamp_min(0.0)
+                if a.dtype != torch.float64 and not math.isfinite(float(sq.sum())):
+                    # a float32 Gram entry overflowed (inputs past 1e19: inf, or inf * 0 =
+                    # NaN where the output gradients vanish): the examples' Grams in float64
+                    # (NaN/inf in the data stay non-finite and are refused by the engine)
+                    sq = (_gram64(a, exact=True) * _gram64(b, exact=True)).sum(dim=(1, 2))
+                    sq = sq.clamp_min(0.0)
+                res["weight"] = sq
             else:
                 self.per_example = torch.bmm(b.transpose(1, 2), a)  # [B, o, d]
                 res["weight"] = _sq(self.per_example, (1, 2))
@@ -553,8 +560,11 @@ class _SeqLinearGrads:
         return res
 
 
-def _gram64(b: Tensor) -> Tensor:
-    """``[B, T, T]`` Gram matrices of ``b`` ``[B, T, o]`` over the positions, as float64."""
+def _gram64(b: Tensor, exact: bool = False) -> Tensor:
+    """``[B, T, T]`` Gram matrices of ``b`` ``[B, T, o]`` over the positions, as float64
+    (``exact``: the products in float64 too, no float32 overflow)."""
+    if exact:
+        b = b.double()
     return torch.bmm(b, b.transpose(1, 2)).double()
 
 
