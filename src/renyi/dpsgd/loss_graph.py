@@ -79,7 +79,11 @@ import torch
 from torch import Tensor
 from torch.autograd.graph import GradientEdge
 
-from renyi.dpsgd.grad_sample import UnsupportedModelError, exact_arithmetic
+from renyi.dpsgd.grad_sample import (
+    NonFiniteGradientError,
+    UnsupportedModelError,
+    exact_arithmetic,
+)
 from renyi.dpsgd.independence import ExampleMixingError
 
 __all__ = [
@@ -639,12 +643,26 @@ class LossPlan:
                 for o in owners:
                     o.end_probe()
             hit = torch.zeros(self.batch, dtype=torch.bool)
+            bad = torch.zeros(self.batch, dtype=torch.bool)
             for g in grads:
                 if g is not None and g.ndim > 0 and g.shape[0] == self.batch:
-                    hit |= (g.reshape(self.batch, -1) != 0).any(dim=1).cpu()
-            where = torch.nonzero(hit).flatten().tolist()
+                    rows = g.reshape(self.batch, -1)
+                    hit |= (rows != 0).any(dim=1).cpu()
+                    bad |= (~torch.isfinite(rows)).any(dim=1).cpu()
             expected = int(self._example_index(r).reshape(-1)[k]) if r.shape else 0
+            where = torch.nonzero(hit).flatten().tolist()
             if len(where) > 1 or (where and r.mode == "mean" and where[0] != expected):
+                if bool(bad.any()):
+                    # a NaN/inf in an example's forward (e.g. in its data) reaches other
+                    # terms' probes as 0 * NaN = NaN in a batched backward: refused all the
+                    # same, but named for what it is (the step would refuse it too)
+                    idx = torch.nonzero(bad).flatten().tolist()
+                    raise NonFiniteGradientError(
+                        f"gradient is not finite for {len(idx)} of {self.batch} examples "
+                        f"(first at batch index {idx[0]}; a NaN or infinity in the model's "
+                        "output or the loss): per-example clipping needs finite gradients. "
+                        "Nothing was released."
+                    )
                 raise LossMixingError(
                     f"the loss mixes the examples of a batch: one term of its {r.name} "
                     f"(term {k} of shape {tuple(r.shape)}) depends on examples {where[:6]} of "
