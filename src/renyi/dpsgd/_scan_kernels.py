@@ -20,7 +20,9 @@ Taylor polynomial of degree 7 (truncation below ``2**-27`` relative) scaled by `
 The loops may contract ``a * b + c`` into fused multiply-adds (numba's
 ``fastmath={"contract"}``: no reassociation, NaN and infinities kept). Their errors against
 the exact functions are a few float32 ulps (tests/test_dpsgd_lstm_scan.py
-measures them on a dense grid); NaN propagates, ``+-inf`` saturate.
+measures them on a dense grid) where the result is a normal float; NaN propagates, ``+-inf``
+saturate. ``exp``'s argument is clamped to ``[-87, 88]``: ``sigmoid(x)`` for ``x < -87`` is
+about ``6e-39`` (torch: a subnormal or 0), ``sigmoid(-inf)`` included.
 
 Backward (:func:`lstm_backward`): back-propagation through time from the saved gates, cell
 states and ``tanh(c_t)`` (no transcendental function), the gate gradients written
