@@ -252,8 +252,8 @@ class DPOptimizer(torch.optim.Optimizer):
         allow_exceeding_target: explicit opt-out of the plan's refusal.
 
     Frozen parameters (``requires_grad=False``) in the wrapped optimizer are skipped (never
-    updated, so LoRA and partial fine-tuning work); one unfrozen after set-up is refused at
-    the next step.
+    updated, so LoRA and partial fine-tuning work); one unfrozen after set-up, or a parameter
+    added to the wrapped optimizer after set-up, is refused at the next step.
 
     Raises:
         PrivacyParameterError: σ ≤ 0, C ≤ 0, a parameter outside ``model``, etc.
