@@ -18,13 +18,16 @@ Defects these tests found on main (each failed there):
   gradient is finite: the float32 Gram matrix of the inputs overflowed (inf, and inf * 0 =
   NaN where the gate gradients vanish);
 * a NaN in one example's data was refused as "the loss mixes the examples" (naming a second,
-  innocent example): the loss probe read 0 * NaN in a batched backward as a dependency.
+  innocent example): the loss probe read 0 * NaN in a batched backward as a dependency;
+* on torch < 2.4 (pyproject allows 2.2) every capture-path backward raised torch's TypeError
+  (``torch.is_autocast_enabled("cpu")`` takes no device there).
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -223,6 +226,30 @@ def test_a_non_finite_example_is_refused_as_non_finite(bad: float) -> None:
         opt.step()
     assert all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
     assert opt.steps_taken == 0
+
+
+def test_capture_path_runs_on_torch_before_2_4(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyproject allows torch >= 2.2, whose ``torch.is_autocast_enabled()`` takes no device
+    (it answers for CUDA; ``is_autocast_cpu_enabled()`` for the CPU). Emulated here: on main
+    every ``loss.backward()`` on the capture path raised torch's TypeError (the engine's
+    book-keeping asked ``is_autocast_enabled("cpu")``). The released sums are unchanged,
+    with and without CPU autocast."""
+    x, y = torch.randn(5, 5, generator=torch.Generator().manual_seed(7)), _labels(5)
+    torch.manual_seed(0)
+    state = mlp().state_dict()
+    want = {a: released(mlp, state, x, y, autocast=a) for a in (None, torch.bfloat16)}
+    real = torch.is_autocast_enabled
+
+    def before_2_4(*args: Any) -> bool:
+        """torch 2.3's signature as renyi's code sees it (torch's own calls are served)."""
+        if args and sys._getframe(1).f_globals.get("__name__", "").startswith("renyi."):
+            raise TypeError("is_autocast_enabled() takes 0 positional arguments but 1 was given")
+        return bool(real(*args)) if args else bool(real("cuda"))
+
+    monkeypatch.setattr(torch, "is_autocast_enabled", before_2_4)
+    monkeypatch.setattr(torch, "is_autocast_cpu_enabled", lambda: bool(real("cpu")))
+    for a, sums in want.items():
+        assert torch.equal(released(mlp, state, x, y, autocast=a), sums)
 
 
 # --------------------------------------------------------- checked and found sound on main

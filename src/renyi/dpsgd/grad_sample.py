@@ -75,6 +75,17 @@ class NonFiniteGradientError(RenyiError, ArithmeticError):
     """
 
 
+def _autocast_enabled(device: str) -> bool:
+    """``torch.is_autocast_enabled(device)``, also on torch < 2.4 (pyproject allows 2.2),
+    whose ``is_autocast_enabled()`` takes no device (it is CUDA's) and has a CPU twin."""
+    try:
+        return bool(torch.is_autocast_enabled(device))
+    except TypeError:  # torch < 2.4
+        if device == "cpu":
+            return bool(torch.is_autocast_cpu_enabled())
+        return bool(torch.is_autocast_enabled())
+
+
 class exact_arithmetic:
     """Autocast off, for the engine's book-keeping: norms, clipping weights, clipped sums and
     the loss's seeds must not be computed in bfloat16/float16 when the caller's forward runs
@@ -89,9 +100,9 @@ class exact_arithmetic:
 
     def __enter__(self) -> None:
         cms = []
-        if torch.is_autocast_enabled("cpu"):
+        if _autocast_enabled("cpu"):
             cms.append(torch.autocast("cpu", enabled=False))
-        if torch.cuda.is_available() and torch.is_autocast_enabled("cuda"):
+        if torch.cuda.is_available() and _autocast_enabled("cuda"):
             cms.append(torch.autocast("cuda", enabled=False))
         for cm in cms:
             cm.__enter__()
