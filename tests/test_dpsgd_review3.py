@@ -19,6 +19,8 @@ Defects these tests found on main (each failed there):
   NaN where the gate gradients vanish);
 * a NaN in one example's data was refused as "the loss mixes the examples" (naming a second,
   innocent example): the loss probe read 0 * NaN in a batched backward as a dependency;
+* a Linear with a strided or expanded bias (a parametrization's) computed a wrong forward
+  under ``make_private``: oneDNN's product read the bias as dense;
 * on torch < 2.4 (pyproject allows 2.2) every capture-path backward raised torch's TypeError
   (``torch.is_autocast_enabled("cpu")`` takes no device there).
 """
@@ -250,6 +252,49 @@ def test_capture_path_runs_on_torch_before_2_4(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(torch, "is_autocast_cpu_enabled", lambda: bool(real("cpu")))
     for a, sums in want.items():
         assert torch.equal(released(mlp, state, x, y, autocast=a), sums)
+
+
+class StridedBias(nn.Module):
+    """A Linear whose bias is a strided Parameter, and one whose bias is a parametrization
+    returning an expanded (zero-stride) tensor (one shared bias value)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(20, 24), nn.Linear(24, 24)
+        self.a.bias = nn.Parameter(torch.randn(48)[::2])
+        nn.utils.parametrize.register_parametrization(self.b, "bias", _SharedBias())
+        self.head = nn.Linear(24, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(torch.tanh(self.b(torch.tanh(self.a(x)))))
+
+
+class _SharedBias(nn.Module):
+    def forward(self, b: Tensor) -> Tensor:
+        return b[:1].expand_as(b)
+
+
+def test_linear_with_a_strided_or_expanded_bias_computes_its_own_forward() -> None:
+    """oneDNN's product reads the bias as a dense vector whatever its strides: on main the
+    private model's forward differed from the plain model's by up to 0.68 (a strided bias)
+    and 0.25 (a parametrization's expanded bias) — silently wrong logits, losses and
+    updates. Now the forward equals the plain one to float32 rounding, the released sum
+    equals the one by torch's kernels, and leave-one-out stays below C."""
+    x, y = torch.randn(5, 20, generator=torch.Generator().manual_seed(8)), _labels(5)
+    torch.manual_seed(0)
+    model = StridedBias()
+    plain = copy.deepcopy(model)
+    module, _ = _private(model, x, y)
+    torch.testing.assert_close(module(x), plain(x), rtol=1e-5, atol=1e-5)
+    state = plain.state_dict()
+    fast = released(StridedBias, state, x, y)
+    _onednn.ENABLED = False
+    try:
+        slow = released(StridedBias, state, x, y)
+    finally:
+        _onednn.ENABLED = True
+    assert float((fast - slow).abs().max()) <= 1e-5 * float(slow.abs().max())
+    assert leave_one_out(StridedBias, x, y) <= 1.0
 
 
 # --------------------------------------------------------- checked and found sound on main

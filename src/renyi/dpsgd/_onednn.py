@@ -72,7 +72,11 @@ def applies(*tensors: Tensor | None) -> bool:
 
 
 def _product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``x weight^T + bias`` by oneDNN (``weight`` ``[N, K]``, strided views accepted)."""
+    """``x weight^T + bias`` by oneDNN (``weight`` ``[N, K]``, strided views accepted; the
+    bias made contiguous: the op reads it as a dense vector whatever its strides, so a
+    strided or expanded bias, e.g. a parametrization's, gave wrong sums)."""
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
     out: Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return out
 
