@@ -21,6 +21,8 @@ Defects these tests found on main (each failed there):
   innocent example): the loss probe read 0 * NaN in a batched backward as a dependency;
 * a Linear with a strided or expanded bias (a parametrization's) computed a wrong forward
   under ``make_private``: oneDNN's product read the bias as dense;
+* cross-entropy with uint8 class targets (torch accepts them) raised torch's raw scatter
+  error on the capture path (the closed-form seed used them as an index);
 * on torch < 2.4 (pyproject allows 2.2) every capture-path backward raised torch's TypeError
   (``torch.is_autocast_enabled("cpu")`` takes no device there).
 """
@@ -295,6 +297,52 @@ def test_linear_with_a_strided_or_expanded_bias_computes_its_own_forward() -> No
         _onednn.ENABLED = True
     assert float((fast - slow).abs().max()) <= 1e-5 * float(slow.abs().max())
     assert leave_one_out(StridedBias, x, y) <= 1.0
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_cross_entropy_with_uint8_targets_equals_int64_targets(weighted: bool) -> None:
+    """torch's cross-entropy takes uint8 (Byte) class targets, e.g. labels kept as a numpy
+    uint8 array. On main the closed-form seed of the capture path raised torch's raw
+    "scatter(): Expected dtype int32/int64 for index" (before the wave: trained); its class
+    weights would have been indexed by the uint8 targets as a mask. Now the released sum
+    equals the one with int64 targets, with and without class weights, token-level too."""
+    weight = torch.tensor([0.5, 1.0, 2.0]) if weighted else None
+    loss = nn.CrossEntropyLoss(weight=weight)
+    x, y = torch.randn(5, 5, generator=torch.Generator().manual_seed(10)), _labels(5)
+    torch.manual_seed(0)
+    for make, xs, ys in (
+        (mlp, x, y),
+        (_TokenModel, torch.randint(0, 7, (5, 4)), torch.randint(0, 3, (5, 4))),
+    ):
+        state = make().state_dict()
+        want = _released_with(make, state, xs, ys, loss)
+        got = _released_with(make, state, xs, ys.to(torch.uint8), loss)
+        assert torch.equal(got, want)
+
+
+class _TokenModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.head = nn.Embedding(7, 6), nn.Linear(6, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(torch.tanh(self.emb(x)))
+
+
+def _released_with(
+    make: Callable[[], nn.Module], state: dict[str, Tensor], x: Tensor, y: Tensor, loss: Any
+) -> Tensor:
+    model = make()
+    model.load_state_dict(state)
+    module, opt = _private(model, x, y)
+    seen: list[Tensor] = []
+    release = opt.release_noisy_sum
+    opt.release_noisy_sum = lambda flat: (seen.append(flat.double().clone()), release(flat))[1]
+    opt.zero_grad()
+    out = module(x)
+    loss(out.reshape(-1, 3), y.reshape(-1)).backward()
+    opt.step()
+    return seen[0]
 
 
 # --------------------------------------------------------- checked and found sound on main

@@ -449,6 +449,9 @@ def _nll_parts(r: Reduction) -> tuple[Tensor, Tensor, Tensor, Tensor | None] | N
     if _meta(node, k)[0] != x.dtype:
         return None
     weight = r.node._saved_weight
+    # int64 indices: torch's NLL also takes uint8 targets, which would index ``weight`` as a
+    # mask and which scatter_ refuses
+    target = target.long()
     return x, target, r.counted.reshape(-1), None if weight is None else weight.to(x.dtype)
 
 
