@@ -480,3 +480,34 @@ def test_lstm_float32_kernel_never_nan_where_torch_is_finite() -> None:
     assert bool(torch.isfinite(want).all())
     assert bool(torch.isfinite(out).all())
     assert float((out - want).abs().max()) <= 1e-6
+
+
+@pytest.mark.slow
+def test_compiled_model_releases_the_same_sum() -> None:
+    """``torch.compile`` of the model (the module wrapper, and ``Module.compile()``): the
+    capture path releases the same clipped sum as the eager model (oneDNN is bypassed while
+    dynamo traces). Slow: inductor compiles for several seconds on the CPU."""
+    x, y = torch.randn(6, 20, generator=torch.Generator().manual_seed(11)), _labels(6)
+
+    def make() -> nn.Module:
+        return nn.Sequential(
+            nn.Linear(20, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 3)
+        )
+
+    torch.manual_seed(0)
+    state = make().state_dict()
+    eager = released(make, state, x, y)
+
+    def compiled_in_place() -> nn.Module:
+        model = make()
+        model.compile()
+        return model
+
+    def wrapped() -> nn.Module:
+        return torch.compile(make())  # type: ignore[return-value]
+
+    got = released(compiled_in_place, state, x, y)
+    assert float((got - eager).abs().max()) <= 1e-5 * float(eager.abs().max())
+    prefixed = {"_orig_mod." + k: v for k, v in state.items()}
+    got = released(wrapped, prefixed, x, y)
+    assert float((got - eager).abs().max()) <= 1e-5 * float(eager.abs().max())
