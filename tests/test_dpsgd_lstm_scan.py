@@ -525,3 +525,27 @@ def test_packed_sequences_with_initial_states_match_each_example_alone(
             want[n] += g
     for n in want:
         torch.testing.assert_close(sums[n], want[n], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.skipif(not _scan_kernels.available(), reason="numba not installed")
+def test_kernels_are_defined_without_a_writable_numba_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read-only install run by a user without a writable cache directory: numba finds no
+    cache locator and raises RuntimeError when a ``cache=True`` function is defined, which
+    made ``import renyi.dpsgd`` fail. The kernels are then defined uncached (compiled once
+    per process). Only the definitions run here (no compilation)."""
+    import importlib
+
+    from numba.core import caching
+
+    impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl  # numba < 0.61: private
+    monkeypatch.setattr(impl, "_locator_classes", [])
+    try:
+        uncached = importlib.reload(_scan_kernels)
+        for fn in (uncached.lstm_forward, uncached.gru_backward, uncached.tanh32):
+            assert isinstance(fn._cache, caching.NullCache)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(_scan_kernels)
+    assert not isinstance(_scan_kernels.tanh32._cache, caching.NullCache)

@@ -87,6 +87,22 @@ def available() -> bool:
     return njit is not None
 
 
+def _cached_jit(**options: Any) -> Any:
+    """``njit(cache=True, **options)``, or ``njit(**options)`` when numba finds no writable
+    place for its cache (neither ``__pycache__`` beside this file nor a user-wide cache
+    directory, e.g. a read-only install run by a user without a writable home): numba then
+    raises ``RuntimeError`` when the function is defined, which would make ``import
+    renyi.dpsgd`` fail. Without a cache the kernels compile once per process."""
+
+    def wrap(func: Any) -> Any:
+        try:
+            return njit(cache=True, **options)(func)
+        except RuntimeError:
+            return njit(**options)(func)
+
+    return wrap
+
+
 _blas: Any = None
 
 
@@ -200,17 +216,17 @@ if njit is not None:  # the compiled functions, defined only with numba
             return lambda x: np.float32(1.0)
         return lambda x: np.float64(1.0)
 
-    @njit(error_model="numpy", cache=True, fastmath={"contract"})
+    @_cached_jit(error_model="numpy", fastmath={"contract"})
     def _exp32_array(x, out):  # type: ignore[no-untyped-def]
         for k in range(x.size):
             out[k] = _exp32(x[k])
 
-    @njit(error_model="numpy", cache=True, fastmath={"contract"})
+    @_cached_jit(error_model="numpy", fastmath={"contract"})
     def _sigmoid32_array(x, out):  # type: ignore[no-untyped-def]
         for k in range(x.size):
             out[k] = _sigmoid32(x[k])
 
-    @njit(error_model="numpy", cache=True, fastmath={"contract"})
+    @_cached_jit(error_model="numpy", fastmath={"contract"})
     def _tanh32_array(x, out):  # type: ignore[no-untyped-def]
         for k in range(x.size):
             out[k] = _tanh32(x[k])
@@ -245,7 +261,7 @@ if njit is not None:  # the compiled functions, defined only with numba
     # Each loop below writes one array: LLVM vectorises a loop only when it can rule out
     # overlap between the arrays it writes and reads, by a bounded number of run-time checks.
 
-    @njit(nogil=True, error_model="numpy", cache=True, fastmath={"contract"})
+    @_cached_jit(nogil=True, error_model="numpy", fastmath={"contract"})
     def _lstm_forward(gi, b_hh, h0, c0, wt, valid, masked, acts, cs, tcs, hs, h, z):  # type: ignore[no-untyped-def]
         """``gi`` ``[B, T, 4H]``, ``b_hh`` ``[4H]``, ``h0``/``c0`` ``[B, H]``, ``wt`` =
         ``W_hh^T`` ``[H, 4H]``; writes the gates ``acts`` ``[T, B, 4H]``, cell states ``cs``
@@ -285,7 +301,7 @@ if njit is not None:  # the compiled functions, defined only with numba
             if masked:
                 _zero_invalid(hs, valid, t)
 
-    @njit(nogil=True, error_model="numpy", cache=True, fastmath={"contract"})
+    @_cached_jit(nogil=True, error_model="numpy", fastmath={"contract"})
     def _lstm_backward(acts, cs, tcs, w, go, has_go, valid, masked, dh, dc, dz, s, tmp):  # type: ignore[no-untyped-def]
         """Back-propagation through time: ``go`` ``[B, T, H]`` the gradients at the outputs
         (read when ``has_go``), ``dh``/``dc`` ``[B, H]`` those at ``h_T``/``c_T`` on entry and
@@ -326,7 +342,7 @@ if njit is not None:  # the compiled functions, defined only with numba
             else:
                 np.dot(s, w, dh)
 
-    @njit(nogil=True, error_model="numpy", cache=True, fastmath={"contract"})
+    @_cached_jit(nogil=True, error_model="numpy", fastmath={"contract"})
     def _gru_forward(gi, b_hh, h0, wt, valid, masked, acts, ghn, hs, h, z):  # type: ignore[no-untyped-def]
         """GRU: ``gi`` ``[B, T, 3H]``, ``b_hh`` ``[3H]``, ``h0`` ``[B, H]``, ``wt`` =
         ``W_hh^T`` ``[H, 3H]``; writes the gates ``r, z, n`` ``acts`` ``[T, B, 3H]``, the
@@ -357,7 +373,7 @@ if njit is not None:  # the compiled functions, defined only with numba
             if masked:
                 _zero_invalid(hs, valid, t)
 
-    @njit(nogil=True, error_model="numpy", cache=True, fastmath={"contract"})
+    @_cached_jit(nogil=True, error_model="numpy", fastmath={"contract"})
     def _gru_backward(acts, ghn, hs, h0, w, go, has_go, valid, masked, dh, dgi, dgh, s, tmp):  # type: ignore[no-untyped-def]
         """GRU back-propagation through time: ``go`` ``[B, T, H]`` the gradients at the
         outputs (read when ``has_go``), ``dh`` ``[B, H]`` that at ``h_T`` on entry and at
