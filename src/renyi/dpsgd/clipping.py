@@ -768,8 +768,9 @@ class ClippedGradientEngine:
         return batch
 
     def _check_finite_norms(self, total: Tensor) -> None:
-        # one reduction decides (norms are >= 0: their sum is finite iff every norm is,
-        # short of a float64 overflow of the sum, which refuses too)
+        # one reduction decides (norms are >= 0: their sum is finite iff every norm is);
+        # a sum that overflows float64 although every norm is finite goes on to the
+        # element-wise check, which finds nothing to refuse
         if math.isfinite(float(total.sum())):
             return
         bad = ~torch.isfinite(total)
