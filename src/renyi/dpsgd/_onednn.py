@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from renyi.dpsgd.grad_sample import autocast_enabled
+
 __all__ = ["ENABLED", "applies", "linear", "mm_t"]
 
 #: Whether this module may use oneDNN (tests and the benchmark switch it off to compare).
@@ -37,13 +39,6 @@ ENABLED = True
 #: MKL's call is cheaper than oneDNN's set-up (``[512, 512]^T x [512, 2]``: 0.025 ms by MKL,
 #: 0.046 ms by oneDNN).
 _MIN_DIM = 16
-
-
-def _cpu_autocast() -> bool:
-    try:
-        return bool(torch.is_autocast_enabled("cpu"))
-    except TypeError:  # torch < 2.4
-        return bool(torch.is_autocast_cpu_enabled())
 
 
 def _compiling() -> bool:
@@ -63,7 +58,7 @@ def applies(*tensors: Tensor | None) -> bool:
             t is None or (t.device.type == "cpu" and t.dtype == torch.float32 and t.numel() > 0)
             for t in tensors
         )
-        and not _cpu_autocast()
+        and not autocast_enabled("cpu")
         and not _compiling()
         and torch.backends.mkldnn.is_available()
         and bool(torch.backends.mkldnn.enabled)

@@ -75,7 +75,7 @@ class NonFiniteGradientError(RenyiError, ArithmeticError):
     """
 
 
-def _autocast_enabled(device: str) -> bool:
+def autocast_enabled(device: str) -> bool:
     """``torch.is_autocast_enabled(device)``, also on torch < 2.4 (pyproject allows 2.2),
     whose ``is_autocast_enabled()`` takes no device (it is CUDA's) and has a CPU twin."""
     try:
@@ -84,6 +84,12 @@ def _autocast_enabled(device: str) -> bool:
         if device == "cpu":
             return bool(torch.is_autocast_cpu_enabled())
         return bool(torch.is_autocast_enabled())
+
+
+def autocast_devices() -> list[str]:
+    """The devices (``"cpu"``, ``"cuda"`` when available) whose autocast is on."""
+    devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    return [d for d in devices if autocast_enabled(d)]
 
 
 class exact_arithmetic:
@@ -99,11 +105,7 @@ class exact_arithmetic:
     __slots__ = ("_cms",)
 
     def __enter__(self) -> None:
-        cms = []
-        if _autocast_enabled("cpu"):
-            cms.append(torch.autocast("cpu", enabled=False))
-        if torch.cuda.is_available() and _autocast_enabled("cuda"):
-            cms.append(torch.autocast("cuda", enabled=False))
+        cms = [torch.autocast(d, enabled=False) for d in autocast_devices()]
         for cm in cms:
             cm.__enter__()
         self._cms = cms

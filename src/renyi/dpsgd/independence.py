@@ -78,7 +78,11 @@ import torch
 from torch import Tensor, nn
 
 from renyi._validation import check_positive, fail
-from renyi.dpsgd.grad_sample import UnsupportedModelError, per_example_losses
+from renyi.dpsgd.grad_sample import (
+    UnsupportedModelError,
+    autocast_devices,
+    per_example_losses,
+)
 from renyi.dpsgd.layout import BatchLayout, example_block, input_batch_dim
 from renyi.dpsgd.replay import RandomTape, ReplayError, flat_tensors
 from renyi.errors import RenyiError
@@ -211,16 +215,6 @@ def _no_autocast() -> Iterator[None]:
         if torch.cuda.is_available():
             stack.enter_context(torch.autocast("cuda", enabled=False))
         yield
-
-
-def _autocast_on() -> bool:
-    for dev in ("cpu", "cuda"):
-        try:
-            if torch.is_autocast_enabled(dev):
-                return True
-        except (TypeError, RuntimeError):  # pragma: no cover - older torch
-            return bool(torch.is_autocast_enabled())
-    return False
 
 
 def _cast(x: Any, dtype: torch.dtype | None) -> Any:
@@ -684,7 +678,7 @@ def _run_check(engine: ClippedGradientEngine, inputs: Any, targets: Tensor, batc
     first = engine.schedule.checks < engine.schedule.first
     args, y = _pick(engine, inputs, targets, batch, first)
     dtypes = {p.dtype for p in engine._params.values()}
-    reduced = _autocast_on() or bool(dtypes & set(_REDUCED))
+    reduced = bool(autocast_devices()) or bool(dtypes & set(_REDUCED))
     low = torch.float32 if reduced else max(dtypes, key=lambda d: _UNIT_ROUNDOFF.get(d, 0.0))
     unit = _UNIT_ROUNDOFF.get(low, 2.0**-24)
     modules = [model, engine.loss_fn]
