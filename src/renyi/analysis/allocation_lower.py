@@ -229,6 +229,28 @@ def _lower_epsilon(
     return lo
 
 
+def _lower_bound_args(
+    num_steps: int,
+    noise_multiplier: float,
+    delta: float,
+    num_selected: int,
+    epochs: int,
+    direction: str,
+    value_discretization_interval: float,
+) -> tuple[int, int, float, float, int, tuple[str, ...], float]:
+    """The lower bounds' arguments checked: ``(t, k, sigma, delta, epochs, directions,
+    value_discretization_interval)``, ``directions`` those ``direction`` asks for."""
+    t, k = check_steps_selected(num_steps, num_selected)
+    sigma = check_positive("noise_multiplier", noise_multiplier)
+    d = check_delta(delta)
+    e = check_int("epochs", epochs, 1)
+    if direction not in ("remove", "add", "both"):
+        raise fail("direction", direction, "'remove', 'add' or 'both'")
+    vdi = check_positive("value_discretization_interval", value_discretization_interval)
+    directions = ("remove", "add") if direction == "both" else (direction,)
+    return t, k, sigma, d, e, directions, vdi
+
+
 def allocation_epsilon_lower_bound(
     num_steps: int,
     noise_multiplier: float,
@@ -254,19 +276,21 @@ def allocation_epsilon_lower_bound(
     >>> 1.6 < lo < 1.69  # Monte Carlo of the pair: 1.68 [1.66, 1.70] (99 %)
     True
     """
-    t, k = check_steps_selected(num_steps, num_selected)
-    sigma = check_positive("noise_multiplier", noise_multiplier)
-    delta = check_delta(delta)
-    e = check_int("epochs", epochs, 1)
-    if direction not in ("remove", "add", "both"):
-        raise fail("direction", direction, "'remove', 'add' or 'both'")
-    vdi = check_positive("value_discretization_interval", value_discretization_interval)
+    t, k, sigma, delta, e, directions, vdi = _lower_bound_args(
+        num_steps,
+        noise_multiplier,
+        delta,
+        num_selected,
+        epochs,
+        direction,
+        value_discretization_interval,
+    )
     if 1.0 / (sigma * sigma) > 1400.0:  # exp(v/2) overflows: no statistic is needed
         raise fail("noise_multiplier", noise_multiplier, f">= {1.0 / math.sqrt(1400.0):.4g}")
     best = 0.0
     for theta in _THETAS:
         c = theta * k / t
-        for d in ("remove", "add") if direction == "both" else (direction,):
+        for d in directions:
             best = max(best, _cached_lower(t, k, sigma, c, delta, e, d, vdi))
     if k > 1:  # the recursion's statistic (renyi.analysis.allocation_multi), where it applies
         from renyi.analysis.allocation_multi import multi_allocation_epsilon_lower_bound

@@ -387,16 +387,17 @@ def multi_allocation_epsilon_lower_bound(
     >>> 5.64 < lo < 5.76  # the upper bound of the same epochs: 5.752
     True
     """
-    from renyi._validation import check_delta
-    from renyi.analysis.allocation_lower import _lower_epsilon
+    from renyi.analysis.allocation_lower import _lower_bound_args, _lower_epsilon
 
-    t, k = check_steps_selected(num_steps, num_selected)
-    sigma = check_positive("noise_multiplier", noise_multiplier)
-    d = check_delta(delta)
-    e = check_int("epochs", epochs, 1)
-    if direction not in ("remove", "add", "both"):
-        raise fail("direction", direction, "'remove', 'add' or 'both'")
-    vdi = check_positive("value_discretization_interval", value_discretization_interval)
+    t, k, sigma, d, e, directions, vdi = _lower_bound_args(
+        num_steps,
+        noise_multiplier,
+        delta,
+        num_selected,
+        epochs,
+        direction,
+        value_discretization_interval,
+    )
     res = resolution(t, k)
     if res is None:
         return None
@@ -405,7 +406,7 @@ def multi_allocation_epsilon_lower_bound(
         return None
     p, q, ep, eq = pair
     best = 0.0
-    for dr in ("remove", "add") if direction == "both" else (direction,):
+    for dr in directions:
         a, b, ea, eb = (p, q, ep, eq) if dr == "remove" else (q, p, eq, ep)
         best = max(best, _lower_epsilon(a, b, ea, eb, d, e, vdi))
     return best
