@@ -178,73 +178,49 @@ def rnn_forward(module: nn.RNNBase, rec: Recorder, input: Any, hx: Any = None) -
             gi = rec.linear(layer_in, w_ih, b_ih, ("weight_ih" + sfx, None, bias_ih, None))
             h = h0[layer * dirs + d]
             c = c0[layer * dirs + d] if c0 is not None else None
-            if mode == "GRU" and _compiled(gi) and gi.dtype == h.dtype:
-                seq_out, h = _gru_layer(
-                    rec,
-                    gi,
-                    h,
-                    w_hh,
-                    b_hh,
-                    d == 1,
-                    ("weight_hh" + sfx, None, bias_hh, None),
-                    valid,
-                )
-                outs.append(seq_out)
-                h_last.append(h)
-                continue
+            hh_key: LinearKey = ("weight_hh" + sfx, None, bias_hh, None)
             lstm_scan = mode == "LSTM" and proj == 0 and (valid is None or _compiled(gi))
-            if lstm_scan or (mode[:3] == "RNN" and valid is None):
+            if mode == "GRU" and _compiled(gi) and gi.dtype == h.dtype:
+                seq_out, h = _gru_layer(rec, gi, h, w_hh, b_hh, d == 1, hh_key, valid)
+            elif lstm_scan or (mode[:3] == "RNN" and valid is None):
                 seq_out, h, c = _fused_layer(
-                    module,
-                    rec,
-                    gi,
-                    rec.last_slot,
-                    h,
-                    c,
-                    w_hh,
-                    b_hh,
-                    d == 1,
-                    ("weight_hh" + sfx, None, bias_hh, None),
-                    valid,
+                    module, rec, gi, rec.last_slot, h, c, w_hh, b_hh, d == 1, hh_key, valid
                 )
-                outs.append(seq_out)
-                h_last.append(h)
-                if c is not None:
-                    c_last.append(c)
-                continue
-            seq: list[Tensor | None] = [None] * steps
-            order = range(steps) if d == 0 else range(steps - 1, -1, -1)
-            for t in order:
-                h_prev, c_prev = h, c
-                gh = rec.linear(h, w_hh, b_hh, ("weight_hh" + sfx, None, bias_hh, None))
-                git = gi[:, t]
-                if mode == "LSTM":
-                    i, f, g, o = (git + gh).chunk(4, dim=1)
-                    assert c is not None
-                    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-                    h = torch.sigmoid(o) * torch.tanh(c)
-                    if proj > 0:
-                        w_hr = getattr(module, "weight_hr" + sfx)
-                        h = rec.linear(h, w_hr, None, ("weight_hr" + sfx, None, None, None))
-                elif mode == "GRU":
-                    r_i, z_i, n_i = git.chunk(3, dim=1)
-                    r_h, z_h, n_h = gh.chunk(3, dim=1)
-                    r = torch.sigmoid(r_i + r_h)
-                    z = torch.sigmoid(z_i + z_h)
-                    n = torch.tanh(n_i + r * n_h)
-                    h = (1 - z) * n + z * h
-                elif mode == "RNN_TANH":
-                    h = torch.tanh(git + gh)
-                else:
-                    h = torch.relu(git + gh)
-                if valid is not None:  # past an example's end its state stays, its output is 0
-                    m = valid[:, t : t + 1]
-                    h = torch.where(m, h, h_prev)
-                    c = None if c is None or c_prev is None else torch.where(m, c, c_prev)
-                    seq[t] = torch.where(m, h, torch.zeros_like(h))
-                    continue
-                seq[t] = h
-            outs.append(torch.stack([s for s in seq if s is not None], dim=1))
+            else:  # the per-step loop
+                seq: list[Tensor | None] = [None] * steps
+                order = range(steps) if d == 0 else range(steps - 1, -1, -1)
+                for t in order:
+                    h_prev, c_prev = h, c
+                    gh = rec.linear(h, w_hh, b_hh, hh_key)
+                    git = gi[:, t]
+                    if mode == "LSTM":
+                        i, f, g, o = (git + gh).chunk(4, dim=1)
+                        assert c is not None
+                        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+                        h = torch.sigmoid(o) * torch.tanh(c)
+                        if proj > 0:
+                            w_hr = getattr(module, "weight_hr" + sfx)
+                            h = rec.linear(h, w_hr, None, ("weight_hr" + sfx, None, None, None))
+                    elif mode == "GRU":
+                        r_i, z_i, n_i = git.chunk(3, dim=1)
+                        r_h, z_h, n_h = gh.chunk(3, dim=1)
+                        r = torch.sigmoid(r_i + r_h)
+                        z = torch.sigmoid(z_i + z_h)
+                        n = torch.tanh(n_i + r * n_h)
+                        h = (1 - z) * n + z * h
+                    elif mode == "RNN_TANH":
+                        h = torch.tanh(git + gh)
+                    else:
+                        h = torch.relu(git + gh)
+                    if valid is not None:  # past an example's end its state stays, its output is 0
+                        m = valid[:, t : t + 1]
+                        h = torch.where(m, h, h_prev)
+                        c = None if c is None or c_prev is None else torch.where(m, c, c_prev)
+                        seq[t] = torch.where(m, h, torch.zeros_like(h))
+                        continue
+                    seq[t] = h
+                seq_out = torch.stack([s for s in seq if s is not None], dim=1)
+            outs.append(seq_out)
             h_last.append(h)
             if c is not None:
                 c_last.append(c)
