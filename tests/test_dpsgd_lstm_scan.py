@@ -309,6 +309,21 @@ def test_input_linear_equals_float64_linear(bias: bool, layout: str) -> None:
         assert not _onednn.applies(x, w, b)
 
 
+def _captured(
+    model: nn.Module, x: Tensor, y: Tensor, clip: float
+) -> tuple[dict[str, Tensor], int, Tensor]:
+    """``(sums, n, norms)`` of ``cross_entropy(model(x), y).backward()`` on the capture path
+    (what ``PrivacyEngine`` runs), the hooks removed afterwards."""
+    from renyi.dpsgd.capture import PerExampleCapture
+
+    cap = PerExampleCapture(model, max_grad_norm=clip)
+    try:
+        nn.functional.cross_entropy(model(x), y).backward()
+        return cap.pop_clipped_sum()
+    finally:
+        cap.remove()
+
+
 class _TextNet(nn.Module):
     """Embedding, LSTM and attention: the decomposed layers on the capture path."""
 
@@ -329,7 +344,6 @@ def test_float32_capture_path_matches_float64_engine() -> None:
     """The path users run, in float32 (compiled LSTM scan, oneDNN affine maps): the clipped
     sums of ``loss.backward()`` equal the float64 engine's on the same batch to float32
     rounding."""
-    from renyi.dpsgd.capture import PerExampleCapture
 
     torch.manual_seed(5)
     model = _TextNet()
@@ -339,12 +353,7 @@ def test_float32_capture_path_matches_float64_engine() -> None:
     want, _, want_norms = ClippedGradientEngine(
         ref.double(), nn.CrossEntropyLoss(), max_grad_norm=0.3
     ).clipped_grad_sum(x, y)
-    cap = PerExampleCapture(model, max_grad_norm=0.3)
-    try:
-        nn.functional.cross_entropy(model(x), y).backward()
-        sums, n, norms = cap.pop_clipped_sum()
-    finally:
-        cap.remove()
+    sums, n, norms = _captured(model, x, y, 0.3)
     assert n == 6
     torch.testing.assert_close(norms.double(), want_norms, rtol=1e-4, atol=1e-6)
     for k in want:
@@ -376,7 +385,6 @@ def test_recurrent_layers_on_the_capture_path_equal_the_engine(
     recurrent kind: no parameter gets an autograd gradient from the fused kernels (an Elman
     RNN's ``weight_hh`` did, and the capture refused it as a use outside its module), and the
     clipped sums equal the engine's own backward on the same batch in float64."""
-    from renyi.dpsgd.capture import PerExampleCapture
 
     monkeypatch.setattr(decomposed, "_USE_KERNELS", kernels)
     torch.manual_seed(6)
@@ -385,12 +393,7 @@ def test_recurrent_layers_on_the_capture_path_equal_the_engine(
     want, _, want_norms = ClippedGradientEngine(
         model, nn.CrossEntropyLoss(), max_grad_norm=0.3
     ).clipped_grad_sum(x, y)
-    cap = PerExampleCapture(model, max_grad_norm=0.3)
-    try:
-        nn.functional.cross_entropy(model(x), y).backward()
-        sums, n, norms = cap.pop_clipped_sum()
-    finally:
-        cap.remove()
+    sums, n, norms = _captured(model, x, y, 0.3)
     assert n == 5
     torch.testing.assert_close(norms, want_norms, rtol=1e-9, atol=1e-12)
     for k in want:
