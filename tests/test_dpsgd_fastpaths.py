@@ -314,6 +314,17 @@ def _optimizer(model: nn.Module, source: Any, sigma: float = 1.3, clip: float = 
     )
 
 
+def _assert_noised_grads(model: nn.Module, summed: dict[str, Tensor], z: Tensor) -> None:
+    """Each ``.grad`` is ``(clipped sum + sigma C z) / (q n)`` with the fixed noise ``z`` (in
+    parameter order), sigma 1.3, C 0.7, q n = 10."""
+    offset = 0
+    for name, p in model.named_parameters():
+        noise = z[offset : offset + p.numel()].view(p.shape)
+        offset += p.numel()
+        want = (summed[name] + 1.3 * 0.7 * noise) / 10.0  # q n = 10
+        torch.testing.assert_close(p.grad, want, rtol=1e-5, atol=1e-6)
+
+
 def test_noisy_gradient_is_clipped_sum_plus_sigma_c_z_over_qn() -> None:
     torch.manual_seed(3)
     model = nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 3))
@@ -327,12 +338,7 @@ def test_noisy_gradient_is_clipped_sum_plus_sigma_c_z_over_qn() -> None:
     opt.accumulate(x[:4], y[:4])  # two micro-batches of one logical batch
     opt.accumulate(x[4:], y[4:])
     opt.pre_step()
-    offset = 0
-    for name, p in model.named_parameters():
-        noise = z[offset : offset + p.numel()].view(p.shape)
-        offset += p.numel()
-        want = (summed[name] + 1.3 * 0.7 * noise) / 10.0  # q n = 10
-        torch.testing.assert_close(p.grad, want, rtol=1e-5, atol=1e-6)
+    _assert_noised_grads(model, summed, z)
 
 
 def test_finite_check_survives_float32_overflow_of_the_squared_norm() -> None:
@@ -469,12 +475,7 @@ def test_clipped_sums_come_in_one_flat_buffer_noised_without_a_copy() -> None:
     flat = opt._flat_sum(opt._summed, torch.float32)
     assert flat is not None and flat.data_ptr() == opt._summed[names[0]].data_ptr()
     opt.pre_step()
-    offset = 0
-    for name, p in model.named_parameters():
-        noise = z[offset : offset + p.numel()].view(p.shape)
-        offset += p.numel()
-        want = (summed[name] + 1.3 * 0.7 * noise) / 10.0  # q n = 10
-        torch.testing.assert_close(p.grad, want, rtol=1e-5, atol=1e-6)
+    _assert_noised_grads(model, summed, z)
     # not one buffer in parameter order: swapped slices, a gap, a foreign tensor
     buf = torch.zeros(total)
     sizes = [p.numel() for p in model.parameters()]
