@@ -40,6 +40,15 @@ ENABLED = True
 #: 0.046 ms by oneDNN).
 _MIN_DIM = 16
 
+#: oneDNN's fp32 product, or None where this torch build lacks it (looked up once: whether
+#: oneDNN is *enabled* can change at run time, ``torch.backends.mkldnn.flags``, and is read
+#: at every call)
+_OP: Any = (
+    getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+    if torch.backends.mkldnn.is_available()
+    else None
+)
+
 
 def _compiling() -> bool:
     """Whether dynamo is tracing (``torch.compile``): inductor lowers this oneDNN op only
@@ -60,9 +69,8 @@ def applies(*tensors: Tensor | None) -> bool:
         )
         and not autocast_enabled("cpu")
         and not _compiling()
-        and torch.backends.mkldnn.is_available()
+        and _OP is not None
         and bool(torch.backends.mkldnn.enabled)
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     )
 
 
@@ -72,7 +80,7 @@ def _product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     strided or expanded bias, e.g. a parametrization's, gave wrong sums)."""
     if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()
-    out: Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    out: Tensor = _OP(x, weight, bias, "none", [], "")
     return out
 
 
