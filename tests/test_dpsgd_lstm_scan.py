@@ -552,3 +552,71 @@ def test_kernels_are_defined_without_a_writable_numba_cache(
         monkeypatch.undo()
         importlib.reload(_scan_kernels)
     assert not isinstance(_scan_kernels.tanh32._cache, caching.NullCache)
+
+
+@needs_numba
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (64, 64, 256),  # the benchmark's forward: full 64-column panels, 4-row tiles
+        (64, 256, 64),  # its backward
+        (7, 33, 200),  # a row tail (7 = 4 + 3), panels, 16-column tiles, scalar columns
+        (3, 5, 13),  # rows and columns below a tile
+        (2, 0, 70),  # nothing to sum: zeros
+    ],
+)
+def test_own_float32_products_are_float32_dot_products(shape: tuple[int, int, int]) -> None:
+    """The scans' own float32 products (:func:`_scan_kernels.matmul32`, register tiles, used
+    on AVX-512 CPUs instead of OpenBLAS) against the float64 product: each entry is a
+    float32 dot product summed in order, so within ``K u sum_k |a_ik b_kj|`` (``u =
+    2**-24``, the bound for a sum of ``K`` rounded terms); a missing or repeated term, a
+    wrong stride or a tile written to the wrong place is off by about ``|a_ik b_kj|``."""
+    m, k, n = shape
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = np.full((m, n), np.nan, dtype=np.float32)
+    _scan_kernels.matmul32(a, b, c)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    bound = (k + 1) * 2.0**-24 * (np.abs(a64) @ np.abs(b64))
+    assert np.all(np.abs(c - a64 @ b64) <= bound)
+
+
+@needs_numba
+@pytest.mark.parametrize("own", [True, False])
+def test_float32_scans_with_own_products_match_float64_autograd(
+    own: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The LSTM and GRU scans in float32 at hidden size 64 (so the forward's ``[B, 64] x
+    [64, 4H]`` and the backward's ``[B, 4H] x [4H, 64]`` products take the full-panel tiles),
+    with the own products and with BLAS, against autograd in float64. On a CPU without
+    AVX-512 both runs take BLAS."""
+    monkeypatch.setattr(_scan_kernels, "OWN_PRODUCTS", own and _scan_kernels.OWN_PRODUCTS)
+    assert _scan_kernels.own_products(np.float32, 1) == (own and _scan_kernels._has_avx512())
+    assert not _scan_kernels.own_products(np.float64, 1)
+    assert not _scan_kernels.own_products(np.float32, 2)
+    g = torch.Generator().manual_seed(11)
+    b, t, hid = 6, 5, 64
+    for gates in (4, 3):
+        gi = torch.randn(b, t, gates * hid, generator=g, dtype=torch.float64)
+        h0 = torch.randn(b, hid, generator=g, dtype=torch.float64)
+        w_hh = torch.randn(gates * hid, hid, generator=g, dtype=torch.float64) / 8
+        b_hh = torch.randn(gates * hid, generator=g, dtype=torch.float64)
+        g_out = torch.randn(b, t, hid, generator=g, dtype=torch.float64)
+        ref_in = [gi.clone().requires_grad_(), h0.clone().requires_grad_()]
+        mine = [gi.float().requires_grad_(), h0.float().requires_grad_()]
+        if gates == 4:
+            c0 = torch.randn(b, hid, generator=g, dtype=torch.float64)
+            ref = _reference(ref_in[0], ref_in[1], c0, w_hh, b_hh)[0]
+            got = decomposed._LSTMScan.apply(*mine, c0.float(), w_hh.float(), b_hh.float())[0]  # type: ignore[index]
+            wrt = mine
+        else:
+            ref = _gru_reference(ref_in[0], torch.zeros_like(gi), ref_in[1], w_hh, b_hh)[0]
+            slot = decomposed._GateSlot.apply(mine[0])
+            got = decomposed._GRUScan.apply(mine[0], slot, mine[1], w_hh.float(), b_hh.float())[0]  # type: ignore[index]
+            wrt = [mine[0], mine[1]]
+        torch.testing.assert_close(got.double(), ref, rtol=0, atol=5e-6)
+        want = torch.autograd.grad(ref, ref_in, g_out)
+        have = torch.autograd.grad(got, wrt, g_out.float())
+        for r, o in zip(want, have, strict=True):
+            torch.testing.assert_close(o.double(), r, rtol=2e-5, atol=2e-5)

@@ -395,10 +395,15 @@ class _GRUScan(torch.autograd.Function):
             valid, masked = _mask_arg(mask)
             h = new(batch, hid)
             outs = (acts, ghn, hs, h, new(batch, g3))
-            old = _scan_kernels.blas_threads(_blas_threads(batch, hid, g3))
+            threads = _blas_threads(batch, hid, g3)
+            old = _scan_kernels.blas_threads(threads)
             try:
                 _scan_kernels.gru_forward(
-                    *(_np(a) for a in args), valid, masked, *(_np(a) for a in outs)
+                    *(_np(a) for a in args),
+                    valid,
+                    masked,
+                    *(_np(a) for a in outs),
+                    _own(dt, threads),
                 )
             finally:
                 _scan_kernels.restore_blas_threads(old)
@@ -420,11 +425,13 @@ class _GRUScan(torch.autograd.Function):
         go = torch.zeros(1, 1, 1, dtype=dt) if g_out is None else g_out.to(dt).contiguous()
         dgi, dgh = torch.empty(batch, steps, g3, dtype=dt), torch.empty(batch, steps, g3, dtype=dt)
         s, tmp = torch.empty(batch, g3, dtype=dt), torch.empty(batch, hid, dtype=dt)
-        old = _scan_kernels.blas_threads(_blas_threads(batch, hid, g3))
+        threads = _blas_threads(batch, hid, g3)
+        old = _scan_kernels.blas_threads(threads)
         try:
             _scan_kernels.gru_backward(
                 _np(acts), _np(ghn), _np(hs), _np(h0), _np(w.contiguous()), _np(go),
                 g_out is not None, *ctx.mask, _np(dh), _np(dgi), _np(dgh), _np(s), _np(tmp),
+                _own(dt, threads),
             )  # fmt: skip
         finally:
             _scan_kernels.restore_blas_threads(old)
@@ -535,6 +542,12 @@ def _blas_threads(batch: int, hid: int, gates: int) -> int:
     return torch.get_num_threads() if batch * hid * gates >= 1 << 23 else 1
 
 
+def _own(dtype: torch.dtype, threads: int) -> bool:
+    """Whether the scans' per-step products run on renyi's own float32 kernel
+    (:func:`renyi.dpsgd._scan_kernels.own_products`), else BLAS."""
+    return _scan_kernels.own_products(np.float32 if dtype == torch.float32 else np.float64, threads)
+
+
 def _np(t: Tensor) -> np.ndarray:
     return t.numpy()  # type: ignore[no-any-return]
 
@@ -573,9 +586,12 @@ def _compiled_forward(
     h = new(batch, hid)
     outs = (acts, cs, tcs, hs, h, new(batch, g4))
     valid, masked = _mask_arg(mask)
-    old = _scan_kernels.blas_threads(_blas_threads(batch, hid, g4))
+    threads = _blas_threads(batch, hid, g4)
+    old = _scan_kernels.blas_threads(threads)
     try:
-        _scan_kernels.lstm_forward(*(_np(a) for a in ins), valid, masked, *(_np(a) for a in outs))
+        _scan_kernels.lstm_forward(
+            *(_np(a) for a in ins), valid, masked, *(_np(a) for a in outs), _own(dt, threads)
+        )
     finally:
         _scan_kernels.restore_blas_threads(old)
     return hs, acts, cs, tcs, h
@@ -606,7 +622,8 @@ def _compiled_backward(
     go = torch.zeros(1, 1, 1, dtype=dt) if g_out is None else g_out.detach().to(dt).contiguous()
     dz = torch.empty(batch, steps, g4, dtype=dt)
     scratch = torch.empty(batch, g4, dtype=dt)
-    old = _scan_kernels.blas_threads(_blas_threads(batch, hid, g4))
+    threads = _blas_threads(batch, hid, g4)
+    old = _scan_kernels.blas_threads(threads)
     try:
         _scan_kernels.lstm_backward(
             _np(acts),
@@ -621,6 +638,7 @@ def _compiled_backward(
             _np(dz),
             _np(scratch),
             _np(torch.empty(batch, hid, dtype=dt)),
+            _own(dt, threads),
         )
     finally:
         _scan_kernels.restore_blas_threads(old)
