@@ -399,7 +399,10 @@ def layer_per_example_grads(
     )
     with _functorch_errors(f"a layer of type {type(module).__name__}", whole_model=False):
         result: dict[str, Tensor] = fn(params, tuple(args), kw_batched, gouts)
-    return result
+    # detached: a layer whose forward also uses other layers' parameters (peft's DoRA
+    # magnitude calls its LoRA factors) would otherwise hand back gradients that carry a
+    # graph to those parameters
+    return {n: g.detach() for n, g in result.items()}
 
 
 def _flatten_outputs(out: Any) -> list[Tensor]:

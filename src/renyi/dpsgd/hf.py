@@ -51,7 +51,10 @@ precision (not yet verified for the per-example engine), ``group_by_length`` and
 ``auto_find_batch_size`` (they change the sampling), trainable parameters shared by
 modules other than layers with per-example rules (tied input/output embeddings, GPT-2's and
 BERT's LM heads, are trained: their per-example gradients are the sum of both uses'), models
-whose per-example loss is unknown without ``per_example_loss=``.
+whose per-example loss is unknown without ``per_example_loss=``, a ``compute_loss`` override
+or ``compute_loss_func=`` (never called here: give ``per_example_loss=``), a second
+``train()`` without a checkpoint (the planned steps are spent). ``label_smoothing_factor`` is
+applied to each example's tokens as the ``Trainer``'s ``LabelSmoother`` does.
 
 Guarantee: as :class:`~renyi.dpsgd.optimizer.DPOptimizer` — the Poisson-subsampled Gaussian
 (add/remove one training example), composed over the steps taken, by the chosen accountant
@@ -115,9 +118,19 @@ def _at_least_float32(t: Tensor) -> Tensor:
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
-def _token_losses(logits: Tensor, labels: Tensor, token_reduction: TokenReduction) -> Tensor:
+def _smoothing(label_smoothing: float) -> float:
+    if not (isinstance(label_smoothing, int | float) and 0.0 <= label_smoothing < 1.0):
+        raise fail("label_smoothing", label_smoothing, "a number in [0, 1)")
+    return float(label_smoothing)
+
+
+def _token_losses(
+    logits: Tensor, labels: Tensor, token_reduction: TokenReduction, label_smoothing: float = 0.0
+) -> Tensor:
     """``[B]``: each example's cross-entropy over its own labelled tokens (``[B, T, V]``
-    logits, ``[B, T]`` labels), their mean or sum; 0 for an example without any."""
+    logits, ``[B, T]`` labels), their mean or sum; 0 for an example without any. With
+    ``label_smoothing`` ``eps``, each token's loss is ``(1 - eps) nll + eps mean_v(-log p_v)``
+    (torch's, and the ``Trainer``'s ``LabelSmoother``'s per token)."""
     if token_reduction not in ("mean", "sum"):
         raise fail("token_reduction", token_reduction, "'mean' or 'sum'")
     keep = labels != IGNORE_INDEX
@@ -125,6 +138,7 @@ def _token_losses(logits: Tensor, labels: Tensor, token_reduction: TokenReductio
         _at_least_float32(logits.reshape(-1, logits.shape[-1])),
         labels.masked_fill(~keep, 0).reshape(-1),
         reduction="none",
+        label_smoothing=_smoothing(label_smoothing),
     ).view(labels.shape)
     total = (ce * keep).sum(dim=1)
     if token_reduction == "sum":
@@ -133,7 +147,11 @@ def _token_losses(logits: Tensor, labels: Tensor, token_reduction: TokenReductio
 
 
 def causal_lm_loss(
-    logits: Tensor, labels: Tensor, *, token_reduction: TokenReduction = "mean"
+    logits: Tensor,
+    labels: Tensor,
+    *,
+    token_reduction: TokenReduction = "mean",
+    label_smoothing: float = 0.0,
 ) -> Tensor:
     """Per-example next-token loss ``[B]``: token ``t``'s logits predict label ``t + 1``
     (labels ``-100`` are skipped), averaged over the example's own predicted tokens.
@@ -147,25 +165,35 @@ def causal_lm_loss(
         >>> [round(v, 4) for v in causal_lm_loss(logits, labels).tolist()]  # log 5; none
         [1.6094, 0.0]
     """
-    return _token_losses(logits[:, :-1], labels[:, 1:], token_reduction)
+    return _token_losses(logits[:, :-1], labels[:, 1:], token_reduction, label_smoothing)
 
 
 def masked_lm_loss(
-    logits: Tensor, labels: Tensor, *, token_reduction: TokenReduction = "mean"
+    logits: Tensor,
+    labels: Tensor,
+    *,
+    token_reduction: TokenReduction = "mean",
+    label_smoothing: float = 0.0,
 ) -> Tensor:
     """Per-example masked-token loss ``[B]`` (labels ``-100`` for unmasked tokens), averaged
     over the example's own masked tokens (0 when none was masked)."""
-    return _token_losses(logits, labels, token_reduction)
+    return _token_losses(logits, labels, token_reduction, label_smoothing)
 
 
 def sequence_classification_loss(
-    logits: Tensor, labels: Tensor, *, problem_type: str | None = None
+    logits: Tensor,
+    labels: Tensor,
+    *,
+    problem_type: str | None = None,
+    label_smoothing: float = 0.0,
 ) -> Tensor:
     """Per-example loss ``[B]`` of a sequence classifier, as the models define theirs:
     ``"regression"`` (one output: squared error), ``"single_label_classification"`` (cross
     entropy) or ``"multi_label_classification"`` (binary cross entropy, mean over labels).
     ``problem_type=None`` infers it as the models do (one output: regression; integer
-    labels: single label; else multi label)."""
+    labels: single label; else multi label). ``label_smoothing`` applies to single-label
+    classification only (refused for the others)."""
+    eps = _smoothing(label_smoothing)
     if problem_type is None:
         if logits.shape[-1] == 1:
             problem_type = "regression"
@@ -173,6 +201,8 @@ def sequence_classification_loss(
             problem_type = "single_label_classification"
         else:
             problem_type = "multi_label_classification"
+    if eps and problem_type != "single_label_classification":
+        raise fail("label_smoothing", eps, f"0 for {problem_type!r} (no classes to smooth)")
     if problem_type == "regression":
         return (
             (_at_least_float32(logits.reshape(len(labels), -1)) - labels.reshape(len(labels), -1))
@@ -181,7 +211,7 @@ def sequence_classification_loss(
         )
     if problem_type == "single_label_classification":
         return nn.functional.cross_entropy(
-            _at_least_float32(logits), labels.long(), reduction="none"
+            _at_least_float32(logits), labels.long(), reduction="none", label_smoothing=eps
         )
     if problem_type == "multi_label_classification":
         return nn.functional.binary_cross_entropy_with_logits(
@@ -208,11 +238,11 @@ def _class_names(mapping: Any) -> set[str]:
 
 
 def per_example_loss_for(
-    model: nn.Module, *, token_reduction: TokenReduction = "mean"
+    model: nn.Module, *, token_reduction: TokenReduction = "mean", label_smoothing: float = 0.0
 ) -> Callable[[Tensor, Tensor], Tensor]:
     """The per-example loss ``(logits, labels) -> [B]`` of a transformers model (or a
     ``peft`` model around one), from its class: causal LM, masked LM or sequence
-    classification.
+    classification (``label_smoothing``: the ``Trainer``'s ``label_smoothing_factor``).
 
     Raises:
         PrivacyParameterError: another kind of model (pass ``per_example_loss=``).
@@ -221,18 +251,19 @@ def per_example_loss_for(
 
     base = _base_model(model)
     name = type(base).__name__
+    eps = _smoothing(label_smoothing)
     if name in _class_names(auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
         return lambda logits, labels: causal_lm_loss(
-            logits, labels, token_reduction=token_reduction
+            logits, labels, token_reduction=token_reduction, label_smoothing=eps
         )
     if name in _class_names(auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES):
         return lambda logits, labels: masked_lm_loss(
-            logits, labels, token_reduction=token_reduction
+            logits, labels, token_reduction=token_reduction, label_smoothing=eps
         )
     if name in _class_names(auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES):
         problem = getattr(getattr(base, "config", None), "problem_type", None)
         return lambda logits, labels: sequence_classification_loss(
-            logits, labels, problem_type=problem
+            logits, labels, problem_type=problem, label_smoothing=eps
         )
     raise fail(
         "model",
@@ -376,6 +407,9 @@ def train_tokenizer(
 
 
 # ------------------------------------------------------------------ the trainer
+_TRAINER_LOSS = transformers.Trainer.compute_loss
+
+
 class DPTrainer(transformers.Trainer):
     """A ``transformers.Trainer`` that trains with DP-SGD (see the module docstring).
 
@@ -450,10 +484,35 @@ class DPTrainer(transformers.Trainer):
                 "embeddings of GPT-2's and BERT's LM heads are): freeze the shared ones, "
                 "fine-tune with LoRA, or untie them",
             )
+        smoothing = float(getattr(args, "label_smoothing_factor", 0.0) or 0.0)
+        if per_example_loss is not None and smoothing:
+            raise fail(
+                "args.label_smoothing_factor",
+                smoothing,
+                "0 with per_example_loss= (smooth the labels in your per-example loss)",
+            )
+        custom = [
+            what
+            for what, given in (
+                ("a compute_loss override", type(self).compute_loss is not _TRAINER_LOSS),
+                ("compute_loss_func=", kwargs.get("compute_loss_func") is not None),
+            )
+            if given
+        ]
+        if custom:
+            raise fail(
+                "loss",
+                custom,
+                "DPTrainer's per-example loss (it never calls compute_loss, whose loss "
+                "is a mean over the batch): pass per_example_loss=(logits, labels) -> one "
+                "loss per example instead",
+            )
         self.per_example_loss = (
             per_example_loss
             if per_example_loss is not None
-            else per_example_loss_for(model, token_reduction=token_reduction)
+            else per_example_loss_for(
+                model, token_reduction=token_reduction, label_smoothing=smoothing
+            )
         )
         self.sampling = sampling
         self.accountant_name = accountant
@@ -589,8 +648,8 @@ class DPTrainer(transformers.Trainer):
         """The ``Trainer``'s optimizer (``args.optim``, weight decay groups, or the one you
         passed), wrapped in a :class:`~renyi.dpsgd.optimizer.DPOptimizer`."""
         base = super().create_optimizer(model)
-        if isinstance(base, DPOptimizer):
-            return base
+        if isinstance(getattr(base, "optimizer", base), DPOptimizer):
+            return base  # already private (a second train(): accelerate wraps it)
         plan = self.privacy_plan()
         dp = DPOptimizer(
             base,
@@ -610,6 +669,23 @@ class DPTrainer(transformers.Trainer):
         return dp
 
     # ------------------------------------------------------------------ training
+    def train(
+        self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any
+    ) -> Any:
+        """``Trainer.train``; refused (our error, nothing changed) when this trainer has
+        already taken private steps and no checkpoint is given: its sampler's planned
+        batches are spent, and a second private optimizer would account from zero."""
+        dp = self.dp_optimizer
+        if dp is not None and dp.steps_taken and not resume_from_checkpoint:
+            raise fail(
+                "train()",
+                f"called again after {dp.steps_taken} private steps (epsilon {self.epsilon():.6g})",
+                "one train() per DPTrainer (its planned steps are spent): to train further, "
+                "make a new DPTrainer (its epsilon adds to this one's) or resume from a "
+                "checkpoint",
+            )
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
     def training_step(
         self,
         model: nn.Module,

@@ -26,9 +26,12 @@ This module replaces the batch normalisation by a per-example one, from the grap
 3. Example ``i``'s loss is defined as ``l_i = sum_R rho_R red_R(terms of R belonging to i)``
    where ``red_R`` is the sum of R's terms for a sum, and their mean over the example's
    *counted* terms for a mean (counted: not ``ignore_index``; the class or element weights
-   stay on the terms, so ``CrossEntropyLoss(weight=w)`` gives ``w[y_i] l_i``); a sum followed
-   by a division by its own count (``loss.sum() / mask.sum()``, ``/ num_items_in_batch``,
-   label smoothing's smoothing term) is a mean. ``rho_R`` is the product of the factors
+   stay on the terms, so ``CrossEntropyLoss(weight=w)`` gives ``w[y_i] l_i``); a sum over
+   counted terms followed by any division (``loss.sum() / mask.sum()``, ``/
+   num_items_in_batch``) is a mean, so is a sum of unmasked terms divided by their number
+   (label smoothing's smoothing term): decided from structure and shapes, never from the
+   divisor's value (a count of other micro-batches' tokens would make the choice, hence
+   every example's loss, depend on the batch). ``rho_R`` is the product of the factors
    the loss is *multiplied* by on the way from R (constants such as label smoothing's
    ``1 - eps``, a weight of an auxiliary loss, a ``GradScaler``'s loss scale); every
    *division* of the reduced loss is dropped, because any of them may be a batch quantity
@@ -886,19 +889,24 @@ def _mask_from_product(r: Reduction) -> None:
 
 
 def _finish(r: Reduction, paths: list[_Path]) -> None:
-    """Decide sum vs mean and the constant factor from the paths to the loss."""
+    """Decide sum vs mean and the constant factor from the paths to the loss.
+
+    The decision must not depend on the batch's values (else adding one example could turn
+    every other example's loss from a sum into a mean): a sum over *counted* terms (an NLL
+    loss with ``ignore_index``, ``(terms * mask).sum()``) divided by anything is a mean over
+    each example's counted terms, whatever the divisor's value (``/ mask.sum()``, ``/
+    num_items_in_batch`` counted over several micro-batches, ``/ B``); a sum of unmasked
+    terms is a mean when divided by their number (``numel``, a shape), else a sum."""
     counts: set[float] = set()
     if any(p.divisors for p in paths):  # the counts matter only to a division
         counts.add(float(_numel(r.shape)))
-        if r.counted is not None:
-            counts.add(float(r.counted.sum()))
-        if r.weights_total is not None:
-            counts.add(_value(r.weights_total))
     modes, rho = set(), 0.0
     for p in paths:
         mode = r.mode
-        if mode == "sum" and any(_close(d, c) for d in p.divisors for c in counts):
-            mode = "mean"  # a sum divided by its own count: a mean
+        if mode == "sum" and p.divisors and r.counted is not None:
+            mode = "mean"  # a masked sum, normalised: a mean over each example's own terms
+        elif mode == "sum" and any(_close(d, c) for d in p.divisors for c in counts):
+            mode = "mean"  # a sum divided by its own number of terms: a mean
         modes.add(mode)
         rho += p.factor  # the divisions are not used: any of them may be a batch quantity
     if len(modes) > 1:

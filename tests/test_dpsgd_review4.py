@@ -1,0 +1,335 @@
+"""Held-out review 4: Hugging Face ``transformers`` / ``peft`` / ``Trainer`` habits on
+``renyi.dpsgd`` (the ``PrivacyEngine`` capture path and :class:`renyi.dpsgd.hf.DPTrainer`).
+
+Leave-one-out with noise off reuses the machinery of the earlier suites
+(``test_dpsgd_losses_hf.leave_one_out``: ``C`` = the median per-example norm, so about half
+of the examples are clipped; ``test_dpsgd_losses.leave_one_out`` for plain torch models):
+removing one example must move the released clipped sum by at most ``C`` (the engine clips
+to ``C / (1 + 1e-6)``). Deterministic: no statistical test here, so no false alarms. Tiny
+models from configs with random weights (d 16, 2 layers, vocab 40, 8 tokens): nothing is
+downloaded.
+
+Defects these tests found on main (each failed there):
+
+* the capture path decided whether a token sum divided by something is a per-example
+  *mean* or *sum* by comparing the divisor's **value** with the batch's token count:
+  Hugging Face's ``num_items_in_batch`` (counted over the micro-batches of a logical batch,
+  or any count that is not this batch's) made each example's loss a mean in one batch and a
+  sum in its neighbour: leave-one-out **1.0117 C** (Llama) and **1.060 C** (token model);
+* ``peft``'s DoRA (``use_dora=True``) raised torch's raw "A view was created in no_grad
+  mode ..." on both paths: the per-layer ``vmap`` gradient of the magnitude vector carried a
+  graph to the LoRA factors the DoRA layer calls;
+* ``DPTrainer.train()`` called a second time wrapped accelerate's wrapper of the private
+  optimizer in a *new* private optimizer (a fresh accountant, on a spent sampler):
+  ``trainer.epsilon()`` reported **0.0** for a model trained with ε = 4.4;
+* ``DPTrainer`` silently ignored ``label_smoothing_factor``, a ``compute_loss`` override and
+  ``compute_loss_func=`` (the model was trained on another loss than the one asked for).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from torch import Tensor, nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+from renyi.dpsgd.capture import PerExampleCapture  # noqa: E402
+from renyi.dpsgd.hf import DPTrainer, per_example_loss_for  # noqa: E402
+from renyi.errors import PrivacyParameterError  # noqa: E402
+from test_dpsgd_losses import leave_one_out as torch_leave_one_out  # noqa: E402
+from test_dpsgd_losses_hf import leave_one_out as hf_leave_one_out  # noqa: E402
+
+pytestmark = [
+    pytest.mark.torch,
+    pytest.mark.filterwarnings("ignore::renyi.errors.InsecureRandomnessWarning"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
+
+B, T, V = 6, 8, 40  # the batch of test_dpsgd_losses_hf.leave_one_out
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _quiet_and_cheap() -> Any:
+    transformers.logging.set_verbosity_error()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _llama(cls: Any = None) -> nn.Module:
+    config = transformers.LlamaConfig(
+        vocab_size=V,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model: nn.Module = (cls or transformers.LlamaForCausalLM)(config)
+    return model
+
+
+def _batch(seed: int = 0) -> dict[str, Tensor]:
+    """Right-padded token batch (0..5 pad tokens), causal-LM labels (-100 on padding)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, V, (B, T), generator=g)
+    mask = torch.ones(B, T, dtype=torch.long)
+    for i in range(B):
+        mask[i, T - i :] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    return {"input_ids": ids * mask, "attention_mask": mask, "labels": labels}
+
+
+def _dora(model: nn.Module) -> nn.Module:
+    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], use_dora=True)
+    torch.manual_seed(1)
+    model = peft.get_peft_model(model, config)
+    with torch.no_grad():  # LoRA's B starts at 0: make the factors' gradients non-zero
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    return model
+
+
+def _rows(batch: dict[str, Tensor]) -> list[dict[str, Tensor]]:
+    n = len(next(iter(batch.values())))
+    return [{k: v[i] for k, v in batch.items()} for i in range(n)]
+
+
+def _trainer(model: nn.Module, rows: list[dict[str, Tensor]], tmp: Path, **kw: Any) -> DPTrainer:
+    args = {
+        "output_dir": str(tmp),
+        "per_device_train_batch_size": B,
+        "max_steps": 2,
+        "learning_rate": 1e-2,
+        "report_to": [],
+        "save_strategy": "no",
+        "disable_tqdm": True,
+        "use_cpu": True,
+        "seed": 0,
+    }
+    args.update(kw.pop("args", {}))
+    kw.setdefault("noise_multiplier", 1.0)
+    return DPTrainer(
+        model=model,
+        args=transformers.TrainingArguments(**args),
+        train_dataset=rows,
+        target_delta=1e-5,
+        max_grad_norm=kw.pop("max_grad_norm", 0.5),
+        noise_seed=0,
+        accountant="rdp",
+        **kw,
+    )
+
+
+def _trainer_sums(
+    make: Callable[[], nn.Module], batch: dict[str, Tensor], tmp: Path, clip: float
+) -> Callable[[list[int]], Tensor]:
+    """DPTrainer's clipped sum (float64, flat) of one micro-batch ``batch[rows]``."""
+    trainer = _trainer(make(), _rows(batch), tmp, max_grad_norm=clip)
+    trainer.create_optimizer()
+    dp = trainer.dp_optimizer
+    assert dp is not None
+
+    def run(rows: list[int]) -> Tensor:
+        dp._summed = None
+        trainer.training_step(trainer.model, {k: v[rows] for k, v in batch.items()})
+        sums = dp._summed
+        dp._summed = None
+        assert sums is not None
+        return torch.cat([v.double().flatten() for v in sums.values()])
+
+    return run
+
+
+def trainer_leave_one_out(
+    make: Callable[[], nn.Module], batch: dict[str, Tensor], tmp: Path
+) -> float:
+    """DPTrainer's leave-one-out of one micro-batch / C, C = the median per-example norm."""
+    single = _trainer_sums(make, batch, tmp, 1e6)
+    c = sorted(float(single([i]).norm()) for i in range(B))[B // 2]
+    run = _trainer_sums(make, batch, tmp, c)
+    full = run(list(range(B)))
+    return max(float((full - run([i for i in range(B) if i != j])).norm()) / c for j in range(B))
+
+
+# ------------------------------------------------------------------ defects found on main
+
+
+class _CountedElsewhere(nn.Module):
+    """The model called as the ``Trainer`` calls it with gradient accumulation: its built-in
+    loss is the batch's token sum divided by ``num_items_in_batch``, a count taken over the
+    whole logical batch (here: the full batch's, also when an example is left out)."""
+
+    def __init__(self, model: nn.Module, count: int) -> None:
+        super().__init__()
+        self.model, self.count = model, count
+
+    def forward(self, **kw: Tensor) -> Any:
+        return self.model(**kw, num_items_in_batch=torch.tensor(self.count))
+
+
+def test_num_items_in_batch_from_other_micro_batches_keeps_each_example_a_mean() -> None:
+    """On main the capture path called the token sum a per-example *mean* when
+    ``num_items_in_batch`` happened to equal this batch's token count and a *sum* otherwise:
+    the full batch (count equal) and the batch without one example (count stale) defined
+    every example's loss differently: leave-one-out 1.0117 C. Now a normalised masked sum is
+    a mean whatever the divisor's value; the released sum equals the one without
+    ``num_items_in_batch`` (the model's own token mean)."""
+    batch = _batch()
+    count = int((batch["labels"][:, 1:] != -100).sum())
+    assert hf_leave_one_out(_CountedElsewhere(_llama(), count), batch) <= 1.0
+    sums = []
+    for model in (_CountedElsewhere(_llama(), 1000), _llama()):
+        cap = PerExampleCapture(model, max_grad_norm=0.5)
+        try:
+            model(**batch).loss.backward()
+            got, _, _ = cap.pop_clipped_sum()
+        finally:
+            cap.remove()
+        sums.append(torch.cat([v.double().flatten() for v in got.values()]))
+    assert float((sums[0] - sums[1]).abs().max()) <= 1e-6 * float(sums[1].abs().max())
+
+
+def test_token_sum_over_a_public_constant_is_not_batch_dependent() -> None:
+    """The same without transformers: ``cross_entropy(..., reduction="sum") / 16`` on a
+    token model, 16 being the full batch's token count (e.g. a constant "tokens per batch").
+    On main: leave-one-out 1.060 C."""
+    from test_dpsgd_losses import K, _token_data, _tokens
+
+    x, y = _token_data()
+    count = int((y != -100).sum())
+
+    def loss(o: Tensor, t: Tensor) -> Tensor:
+        return F.cross_entropy(o.view(-1, K), t.view(-1), reduction="sum") / count
+
+    assert torch_leave_one_out(_tokens, x, y, loss) <= 1.0
+
+
+def test_dora_trains_on_both_paths_and_equals_a_batch_of_one_loop(tmp_path: Path) -> None:
+    """``peft`` DoRA: on main both paths raised torch's raw RuntimeError ("A view was created
+    in no_grad mode ..."). Now leave-one-out stays below C on the capture path and in
+    DPTrainer, and the unclipped captured sum equals the sum of each example's own gradient
+    (plain autograd, one example at a time): the magnitude vector and the LoRA factors it
+    calls are all there."""
+    batch = _batch()
+    assert hf_leave_one_out(_dora(_llama()), batch) <= 1.0
+    assert trainer_leave_one_out(lambda: _dora(_llama()), batch, tmp_path) <= 1.0
+    model = _dora(_llama())
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    assert any("magnitude" in n for n in params)
+    want = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in params.items()}
+    for i in range(B):
+        one = {k: v[i : i + 1] for k, v in batch.items()}
+        grads = torch.autograd.grad(model(**one).loss, list(params.values()))
+        for n, g in zip(params, grads, strict=True):
+            want[n] += g.double()
+    cap = PerExampleCapture(model, max_grad_norm=1e6)
+    try:
+        model(**batch).loss.backward()
+        got, _, _ = cap.pop_clipped_sum()
+    finally:
+        cap.remove()
+    for n in params:
+        scale = float(want[n].abs().max())
+        assert float((got[n].double() - want[n]).abs().max()) <= 1e-4 * scale + 1e-9, n
+
+
+def test_a_second_train_is_refused_and_epsilon_stays_the_accountants(tmp_path: Path) -> None:
+    """On main a second ``train()`` wrapped accelerate's wrapper of the private optimizer in
+    a new one: ``epsilon()`` fell to 0.0 for a model trained with ε = 4.4. Now it is
+    refused with our error; ε and the parameters are those of the first run."""
+    from renyi.accountants import make_accountant
+    from renyi.events import GaussianEvent, PoissonSampledEvent
+
+    rows = _rows(_batch()) * 4  # 24 examples, q = 6/24
+    model = _llama()
+    trainer = _trainer(model, rows, tmp_path)
+    trainer.train()
+    event = PoissonSampledEvent(B / len(rows), GaussianEvent(1.0))
+    oracle = make_accountant("rdp").compose(event, 2).epsilon(1e-5).epsilon
+    assert trainer.epsilon() == oracle
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(PrivacyParameterError, match="called again"):
+        trainer.train()
+    assert trainer.epsilon() == oracle
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("kind", ["causal", "classifier"])
+def test_label_smoothing_factor_is_the_loss_trained(kind: str, tmp_path: Path) -> None:
+    """``label_smoothing_factor`` (the ``Trainer``'s ``LabelSmoother``): on main DPTrainer
+    trained the unsmoothed loss. Now each example's loss equals the ``LabelSmoother`` on
+    that example alone (causal LM: shifted labels; classifier)."""
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    eps = 0.2
+    batch = _batch()
+    if kind == "classifier":
+        make = functools.partial(_llama, transformers.LlamaForSequenceClassification)
+        batch["labels"] = torch.tensor([0, 1, 1, 0, 1, 0])
+    else:
+        make = _llama
+    model = make()
+    trainer = _trainer(model, _rows(batch), tmp_path, args={"label_smoothing_factor": eps})
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    got = trainer.per_example_loss(logits, batch["labels"])
+    smoother = LabelSmoother(epsilon=eps)
+    for i in range(B):
+        want = smoother(
+            {"logits": logits[i : i + 1]}, batch["labels"][i : i + 1], shift_labels=kind == "causal"
+        )
+        assert math.isclose(float(got[i]), float(want), rel_tol=1e-5), i
+    assert not math.isclose(
+        float(got[0]), float(per_example_loss_for(model)(logits, batch["labels"])[0])
+    )
+
+
+def test_a_custom_training_loss_is_refused_not_ignored(tmp_path: Path) -> None:
+    """A ``compute_loss`` override or ``compute_loss_func=``: on main DPTrainer never called
+    them and trained its own loss. Now refused, pointing to ``per_example_loss=``."""
+    rows = _rows(_batch())
+
+    class Custom(DPTrainer):
+        def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("not reached")
+
+    with pytest.raises(PrivacyParameterError, match="per_example_loss"):
+        Custom(
+            model=_llama(),
+            args=transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[]),
+            train_dataset=rows,
+            noise_multiplier=1.0,
+            target_delta=1e-5,
+            max_grad_norm=1.0,
+        )
+    with pytest.raises(PrivacyParameterError, match="per_example_loss"):
+        _trainer(_llama(), rows, tmp_path, compute_loss_func=lambda *a, **k: None)
+    with pytest.raises(PrivacyParameterError, match="label_smoothing"):
+        _trainer(
+            _llama(),
+            rows,
+            tmp_path,
+            args={"label_smoothing_factor": 0.1},
+            per_example_loss=lambda logits, labels: logits.sum((1, 2)),
+        )
