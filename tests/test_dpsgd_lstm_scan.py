@@ -567,7 +567,8 @@ def test_kernels_are_defined_without_a_writable_numba_cache(
 )
 def test_own_float32_products_are_float32_dot_products(shape: tuple[int, int, int]) -> None:
     """The scans' own float32 products (:func:`_scan_kernels.matmul32`, register tiles, used
-    on AVX-512 CPUs instead of OpenBLAS) against the float64 product: each entry is a
+    on AVX-512 CPUs instead of OpenBLAS) and the clipped sums' (``matmul_tn32``) against
+    the float64 product: each entry is a
     float32 dot product summed in order, so within ``K u sum_k |a_ik b_kj|`` (``u =
     2**-24``, the bound for a sum of ``K`` rounded terms); a missing or repeated term, a
     wrong stride or a tile written to the wrong place is off by about ``|a_ik b_kj|``."""
@@ -575,11 +576,37 @@ def test_own_float32_products_are_float32_dot_products(shape: tuple[int, int, in
     rng = np.random.default_rng(3)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
-    c = np.full((m, n), np.nan, dtype=np.float32)
-    _scan_kernels.matmul32(a, b, c)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     bound = (k + 1) * 2.0**-24 * (np.abs(a64) @ np.abs(b64))
+    c = np.full((m, n), np.nan, dtype=np.float32)
+    _scan_kernels.matmul32(a, b, c)
     assert np.all(np.abs(c - a64 @ b64) <= bound)
+    # a^T b: the clipped sums' kernel, a given as [K, M] (passes of 128 rows of k)
+    c = np.full((m, n), np.nan, dtype=np.float32)
+    _scan_kernels.matmul_tn32(np.ascontiguousarray(a.T), b, c)
+    assert np.all(np.abs(c - a64 @ b64) <= bound)
+
+
+@needs_numba
+def test_clipped_sums_by_own_kernel_equal_float64(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sequence maps' clipped sums ``b^T (w a)`` by the own kernel (LSTM-shaped: ``[B T,
+    4H]`` gate gradients, ``[B T, H]`` inputs, ``B T = 300``, more than two passes of 128)
+    against float64, and the cases it leaves to oneDNN/torch (rows not whole tiles, float64,
+    kernels off)."""
+    g = torch.Generator().manual_seed(5)
+    b = torch.randn(300, 256, generator=g)
+    a = torch.randn(300, 64, generator=g)
+    want = b.double().t() @ a.double()
+    bound = 301 * 2.0**-24 * (b.double().abs().t() @ a.double().abs())
+    assert ghost._own_tn_applies(b, a) == _scan_kernels.OWN_PRODUCTS
+    assert not ghost._own_tn_applies(b[:, :255].contiguous(), a)  # o not a multiple of 4
+    assert not ghost._own_tn_applies(b.double(), a.double())
+    got = ghost._weight_sum(b, a)
+    assert got.dtype == torch.float32
+    assert bool(((got.double() - want).abs() <= bound).all())
+    monkeypatch.setattr(_scan_kernels, "OWN_PRODUCTS", False)
+    assert not ghost._own_tn_applies(b, a)
+    torch.testing.assert_close(ghost._weight_sum(b, a).double(), want, rtol=1e-5, atol=1e-3)
 
 
 @needs_numba

@@ -66,6 +66,7 @@ __all__ = [
     "lstm_backward",
     "lstm_forward",
     "matmul32",
+    "matmul_tn32",
     "own_products",
     "sigmoid32",
     "tanh32",
@@ -182,6 +183,7 @@ def restore_blas_threads(old: list[tuple[Any, int]]) -> None:
 
 exp32: Any = None
 matmul32: Any = None
+matmul_tn32: Any = None
 sigmoid32: Any = None
 tanh32: Any = None
 lstm_forward: Any = None
@@ -287,12 +289,13 @@ if njit is not None:  # the compiled functions, defined only with numba
 
     _VEC = 16  # floats in one AVX-512 register
 
-    def _make_tile(rows: int, vecs: int) -> Any:
+    def _make_tile(rows: int, vecs: int, a_t: bool = False, add: bool = False) -> Any:
         @intrinsic
         def tile(typingctx, a, b, c, i0, jb, jc):  # type: ignore[no-untyped-def]
-            """``c[i0:i0 + rows, jc:jc + 16 vecs] = a[i0:i0 + rows] @ b[:, jb:jb + 16 vecs]``,
-            ``a``, ``b``, ``c`` 2-D C-contiguous float32; no bounds checks (the caller
-            keeps the tile inside the arrays)."""
+            """``c[i0:i0 + rows, jc:jc + 16 vecs] = a[i0:i0 + rows] @ b[:, jb:jb + 16 vecs]``
+            (``a_t``: ``a[:, i0:i0 + rows]^T @ ...``, ``a`` ``[K, M]``), ``a``, ``b``, ``c``
+            2-D C-contiguous float32; no bounds checks (the caller keeps the tile inside the
+            arrays)."""
             arrays = (a, b, c)
             if not all(
                 isinstance(x, types.Array)
@@ -317,11 +320,13 @@ if njit is not None:  # the compiled functions, defined only with numba
                 def const(v: int) -> Any:
                     return ir.Constant(i64, v)
 
-                depth = builder.extract_value(av.shape, 1)
+                depth = builder.extract_value(av.shape, 0 if a_t else 1)
                 sa, sb, sc = (builder.extract_value(x.strides, 0) for x in (av, bv, cv))
                 pa, pb, pc = (builder.bitcast(x.data, i8p) for x in (av, bv, cv))
+                # a[i0 + r, k] at a_rows[r] + k * a_step (bytes)
+                a_step, a_row = (sa, const(4)) if a_t else (const(4), sa)
                 a_rows = [
-                    builder.gep(pa, [builder.mul(builder.add(i0, const(r)), sa)])
+                    builder.gep(pa, [builder.mul(builder.add(i0, const(r)), a_row)])
                     for r in range(rows)
                 ]
                 b_col = builder.gep(pb, [builder.mul(jb, const(4))])
@@ -330,6 +335,21 @@ if njit is not None:  # the compiled functions, defined only with numba
                 )
                 splat = ir.Constant(ir.VectorType(ir.IntType(32), _VEC), [0] * _VEC)
                 undef = ir.Constant(vt, ir.Undefined)
+
+                def c_ptr(r: int, v: int) -> Any:
+                    row_off = builder.mul(builder.add(i0, const(r)), sc)
+                    c_row = builder.gep(pc, [builder.add(row_off, builder.mul(jc, const(4)))])
+                    return builder.bitcast(
+                        builder.gep(c_row, [const(4 * _VEC * v)]), vt.as_pointer()
+                    )
+
+                if add:  # c += the product
+                    start = [
+                        [builder.load(c_ptr(r, v), align=4) for v in range(vecs)]
+                        for r in range(rows)
+                    ]
+                else:
+                    start = [[ir.Constant(vt, [0.0] * _VEC)] * vecs for _ in range(rows)]
                 entry = builder.block
                 head = builder.append_basic_block("tile.head")
                 body = builder.append_basic_block("tile.body")
@@ -339,9 +359,9 @@ if njit is not None:  # the compiled functions, defined only with numba
                 k = builder.phi(i64)
                 k.add_incoming(const(0), entry)
                 acc = [[builder.phi(vt) for _ in range(vecs)] for _ in range(rows)]
-                for row in acc:
-                    for x in row:
-                        x.add_incoming(ir.Constant(vt, [0.0] * _VEC), entry)
+                for r, row in enumerate(acc):
+                    for v, x in enumerate(row):
+                        x.add_incoming(start[r][v], entry)
                 builder.cbranch(builder.icmp_signed("<", k, depth), body, done)
                 builder.position_at_end(body)
                 b_row = builder.gep(b_col, [builder.mul(k, sb)])
@@ -349,7 +369,7 @@ if njit is not None:  # the compiled functions, defined only with numba
                 for v in range(vecs):
                     ptr = builder.gep(b_row, [const(4 * _VEC * v)])
                     bs.append(builder.load(builder.bitcast(ptr, vt.as_pointer()), align=4))
-                k4 = builder.mul(k, const(4))
+                k4 = builder.mul(k, a_step)
                 nxt = []
                 for r in range(rows):
                     x = builder.load(
@@ -365,11 +385,8 @@ if njit is not None:  # the compiled functions, defined only with numba
                 builder.branch(head)
                 builder.position_at_end(done)
                 for r in range(rows):
-                    row_off = builder.mul(builder.add(i0, const(r)), sc)
-                    c_row = builder.gep(pc, [builder.add(row_off, builder.mul(jc, const(4)))])
                     for v in range(vecs):
-                        ptr = builder.gep(c_row, [const(4 * _VEC * v)])
-                        builder.store(acc[r][v], builder.bitcast(ptr, vt.as_pointer()), align=4)
+                        builder.store(acc[r][v], c_ptr(r, v), align=4)
                 return context.get_dummy_value()
 
             return sig, codegen
@@ -378,6 +395,8 @@ if njit is not None:  # the compiled functions, defined only with numba
 
     _tile44, _tile14 = _make_tile(4, 4), _make_tile(1, 4)
     _tile41, _tile11 = _make_tile(4, 1), _make_tile(1, 1)
+    _tile44ta, _tile14ta = _make_tile(4, 4, True, True), _make_tile(1, 4, True, True)
+    _tile41ta, _tile11ta = _make_tile(4, 1, True, True), _make_tile(1, 1, True, True)
     _PANEL = 4 * _VEC  # the columns of a 4-vector tile
 
     @njit(inline="always", error_model="numpy")
@@ -418,6 +437,40 @@ if njit is not None:  # the compiled functions, defined only with numba
                 for k in range(depth):
                     acc += a[i, k] * b[k, j]
                 c[i, j] = acc
+
+    _TN_DEPTH = 128  # rows of a and b per pass: b's 64-column panel (32 KiB) stays in L1
+
+    @_cached_jit(error_model="numpy", fastmath={"contract"})
+    def _matmul_tn32(a, b, c):  # type: ignore[no-untyped-def]
+        """``c = a^T @ b`` (float32, C-contiguous ``a`` ``[K, M]``, ``b`` ``[K, N]``, ``c``
+        ``[M, N]`` not overlapping them) by tiles, in passes over 128 rows of ``a`` and ``b``
+        that add into ``c`` (each entry is still the sum in order of ``k``)."""
+        depth, m = a.shape
+        n = b.shape[1]
+        m4 = m - m % 4
+        n64 = n - n % _PANEL
+        n16 = n - n % _VEC
+        c[:, :] = 0
+        for k0 in range(0, depth, _TN_DEPTH):
+            ak, bk = a[k0 : k0 + _TN_DEPTH], b[k0 : k0 + _TN_DEPTH]
+            for j in range(0, n64, _PANEL):
+                for i in range(0, m4, 4):
+                    _tile44ta(ak, bk, c, i, j, j)
+                for i in range(m4, m):
+                    _tile14ta(ak, bk, c, i, j, j)
+            for j in range(n64, n16, _VEC):
+                for i in range(0, m4, 4):
+                    _tile41ta(ak, bk, c, i, j, j)
+                for i in range(m4, m):
+                    _tile11ta(ak, bk, c, i, j, j)
+            for i in range(m):
+                for j in range(n16, n):
+                    acc = c[i, j]
+                    for k in range(ak.shape[0]):
+                        acc += ak[k, i] * bk[k, j]
+                    c[i, j] = acc
+
+    matmul_tn32 = _matmul_tn32
 
     def _product(a, b, bp, c, own):  # type: ignore[no-untyped-def]  # pragma: no cover
         raise NotImplementedError
