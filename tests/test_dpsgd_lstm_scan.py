@@ -360,6 +360,42 @@ def test_float32_capture_path_matches_float64_engine() -> None:
         torch.testing.assert_close(sums[k].double(), want[k], rtol=1e-4, atol=1e-6)
 
 
+class _WideNet(nn.Module):
+    """An embedding into an LSTM or GRU with 16 features and hidden units: every own float32
+    kernel takes whole tiles (the scans' products, the Gram matrices of the norms, the
+    clipped sums)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 16)
+        self.rnn = (nn.LSTM if kind == "LSTM" else nn.GRU)(16, 16, batch_first=True)
+        self.fc = nn.Linear(16, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out, _ = self.rnn(self.emb(x))
+        return self.fc(out[:, -1] + out.mean(dim=1))
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_float32_capture_path_on_whole_tiles_matches_float64_engine(kind: str) -> None:
+    """As the test above, at sizes where the own float32 kernels (on AVX-512 CPUs) compute
+    the scans' products, the per-example norms' Gram matrices and the clipped sums: norms
+    and clipped sums equal the float64 engine's to float32 rounding."""
+    torch.manual_seed(6)
+    model = _WideNet(kind)
+    x, y = torch.randint(0, 11, (5, 8)), torch.randint(0, 3, (5,))
+    ref = _WideNet(kind)
+    ref.load_state_dict(model.state_dict())
+    want, _, want_norms = ClippedGradientEngine(
+        ref.double(), nn.CrossEntropyLoss(), max_grad_norm=0.3
+    ).clipped_grad_sum(x, y)
+    sums, n, norms = _captured(model, x, y, 0.3)
+    assert n == 5
+    torch.testing.assert_close(norms.double(), want_norms, rtol=1e-4, atol=1e-6)
+    for k in want:
+        torch.testing.assert_close(sums[k].double(), want[k], rtol=1e-4, atol=1e-6)
+
+
 class _Recurrent(nn.Module):
     def __init__(self, kind: str) -> None:
         super().__init__()
@@ -585,6 +621,32 @@ def test_own_float32_products_are_float32_dot_products(shape: tuple[int, int, in
     c = np.full((m, n), np.nan, dtype=np.float32)
     _scan_kernels.matmul_tn32(np.ascontiguousarray(a.T), b, c)
     assert np.all(np.abs(c - a64 @ b64) <= bound)
+
+
+@needs_numba
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (3, 32, 256),  # an LSTM's gate gradients: whole 4 x 4 blocks, K a multiple of 16
+        (2, 9, 37),  # a row tail (9 = 8 + 1) and a k tail (37 = 32 + 5)
+        (2, 3, 5),  # below a tile
+    ],
+)
+def test_own_grams_are_float32_dot_products(shape: tuple[int, int, int]) -> None:
+    """The per-example Gram matrices of the norms (:func:`_scan_kernels.grams32`, the
+    upper triangle by 4 x 4 tiles, mirrored) against float64: within ``(K + 1) u |x_i|
+    |x_j|`` and exactly symmetric; through ``ghost._grams`` (which chooses the kernel)
+    too."""
+    batch, steps, k = shape
+    x = torch.randn(batch, steps, k, generator=torch.Generator().manual_seed(2))
+    want = torch.bmm(x.double(), x.double().transpose(1, 2))
+    bound = (k + 1) * 2.0**-24 * torch.bmm(x.double().abs(), x.double().abs().transpose(1, 2))
+    g = torch.full((batch, steps, steps), float("nan"))
+    _scan_kernels.grams32(x.numpy(), g.numpy())
+    for got in (g, ghost._grams(x)):
+        assert got.dtype == torch.float32
+        assert bool(((got.double() - want).abs() <= bound).all())
+        assert torch.equal(got, got.transpose(1, 2))
 
 
 @needs_numba

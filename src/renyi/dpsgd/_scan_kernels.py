@@ -61,6 +61,7 @@ __all__ = [
     "available",
     "blas_threads",
     "exp32",
+    "grams32",
     "gru_backward",
     "gru_forward",
     "lstm_backward",
@@ -182,6 +183,7 @@ def restore_blas_threads(old: list[tuple[Any, int]]) -> None:
 
 
 exp32: Any = None
+grams32: Any = None
 matmul32: Any = None
 matmul_tn32: Any = None
 sigmoid32: Any = None
@@ -437,6 +439,134 @@ if njit is not None:  # the compiled functions, defined only with numba
                 for k in range(depth):
                     acc += a[i, k] * b[k, j]
                 c[i, j] = acc
+
+    def _make_gram_tile(rows: int) -> Any:
+        @intrinsic
+        def gram_tile(typingctx, x, g, i0, j0):  # type: ignore[no-untyped-def]
+            """``g[i0 + r, j0 + c] = x[i0 + r] . x[j0 + c]`` over the first ``16 (K // 16)``
+            entries of the rows (``r, c < rows``), ``x`` ``[T, K]`` and ``g`` ``[T, T]`` 2-D
+            C-contiguous float32: ``rows**2`` vector accumulators over ``k``, each reduced
+            to its sum at the end. No bounds checks."""
+            if not all(
+                isinstance(t, types.Array)
+                and t.ndim == 2
+                and t.layout == "C"
+                and t.dtype == types.float32
+                for t in (x, g)
+            ):
+                return None
+            sig = types.void(x, g, types.intp, types.intp)
+
+            def codegen(context, builder, sg, args):  # type: ignore[no-untyped-def]
+                xv, gv = (
+                    context.make_array(t)(context, builder, v)
+                    for t, v in zip(sg.args[:2], args[:2], strict=True)
+                )
+                i0, j0 = args[2:]
+                i64, f32 = ir.IntType(64), ir.FloatType()
+                vt = ir.VectorType(f32, _VEC)
+                i8p = ir.IntType(8).as_pointer()
+
+                def const(v: int) -> Any:
+                    return ir.Constant(i64, v)
+
+                blocks = builder.udiv(builder.extract_value(xv.shape, 1), const(_VEC))
+                sx, sg_ = (builder.extract_value(t.strides, 0) for t in (xv, gv))
+                px, pg = (builder.bitcast(t.data, i8p) for t in (xv, gv))
+                left = [
+                    builder.gep(px, [builder.mul(builder.add(i0, const(r)), sx)])
+                    for r in range(rows)
+                ]
+                right = [
+                    builder.gep(px, [builder.mul(builder.add(j0, const(c)), sx)])
+                    for c in range(rows)
+                ]
+                fma = cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(vt, [vt, vt, vt]), "llvm.fma.v16f32"
+                )
+                entry = builder.block
+                head = builder.append_basic_block("gram.head")
+                body = builder.append_basic_block("gram.body")
+                done = builder.append_basic_block("gram.done")
+                builder.branch(head)
+                builder.position_at_end(head)
+                k = builder.phi(i64)
+                k.add_incoming(const(0), entry)
+                acc = [[builder.phi(vt) for _ in range(rows)] for _ in range(rows)]
+                for row in acc:
+                    for v in row:
+                        v.add_incoming(ir.Constant(vt, [0.0] * _VEC), entry)
+                builder.cbranch(builder.icmp_signed("<", k, blocks), body, done)
+                builder.position_at_end(body)
+                off = builder.mul(k, const(4 * _VEC))
+
+                def load(base: Any) -> Any:
+                    ptr = builder.bitcast(builder.gep(base, [off]), vt.as_pointer())
+                    return builder.load(ptr, align=4)
+
+                ls = [load(p) for p in left]
+                rs = [load(p) for p in right]
+                nxt = [
+                    [builder.call(fma, [ls[r], rs[c], acc[r][c]]) for c in range(rows)]
+                    for r in range(rows)
+                ]
+                k.add_incoming(builder.add(k, const(1)), builder.block)
+                for r in range(rows):
+                    for c in range(rows):
+                        acc[r][c].add_incoming(nxt[r][c], builder.block)
+                builder.branch(head)
+                builder.position_at_end(done)
+                reduce = cgutils.get_or_insert_function(
+                    builder.module,
+                    ir.FunctionType(f32, [f32, vt]),
+                    "llvm.vector.reduce.fadd.v16f32",
+                )
+                for r in range(rows):
+                    for c in range(rows):
+                        total = builder.call(
+                            reduce, [ir.Constant(f32, 0.0), acc[r][c]], fastmath=("reassoc",)
+                        )
+                        off_g = builder.add(
+                            builder.mul(builder.add(i0, const(r)), sg_),
+                            builder.mul(builder.add(j0, const(c)), const(4)),
+                        )
+                        ptr = builder.bitcast(builder.gep(pg, [off_g]), f32.as_pointer())
+                        builder.store(total, ptr)
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return gram_tile
+
+    _gram44, _gram11 = _make_gram_tile(4), _make_gram_tile(1)
+
+    @_cached_jit(error_model="numpy", fastmath={"contract"})
+    def _grams32(x, g):  # type: ignore[no-untyped-def]
+        """``g[b] = x[b] x[b]^T`` (float32, C-contiguous ``x`` ``[B, T, K]``, ``g`` ``[B, T,
+        T]``): the upper triangle of 4 x 4 blocks by tiles, mirrored."""
+        batch, steps, depth = x.shape
+        t4 = steps - steps % 4
+        k16 = depth - depth % _VEC
+        for b in range(batch):
+            xb, gb = x[b], g[b]
+            for i in range(0, t4, 4):
+                for j in range(i, t4, 4):
+                    _gram44(xb, gb, i, j)
+            for i in range(steps):
+                for j in range(t4 if i < t4 else i, steps):
+                    _gram11(xb, gb, i, j)
+            if k16 < depth:
+                for i in range(steps):
+                    for j in range(i if i >= t4 else (i - i % 4), steps):
+                        acc = gb[i, j]
+                        for k in range(k16, depth):
+                            acc += xb[i, k] * xb[j, k]
+                        gb[i, j] = acc
+            for i in range(steps):
+                for j in range(i + 1, steps):
+                    gb[j, i] = gb[i, j]
+
+    grams32 = _grams32
 
     _TN_DEPTH = 128  # rows of a and b per pass: b's 64-column panel (32 KiB) stays in L1
 
