@@ -387,6 +387,14 @@ class PerExampleCapture:
     def _before(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._busy or not torch.is_grad_enabled() or is_engine_running():
             return
+        if module.training and getattr(module, "is_gradient_checkpointing", False) is True:
+            raise UnsupportedModelError(
+                "the model has gradient checkpointing on (Hugging Face "
+                "gradient_checkpointing_enable()): its backward recomputes the forward, which "
+                "per-example clipping from loss.backward() does not support. Call "
+                "model.gradient_checkpointing_disable(), or train with "
+                "renyi.dpsgd.hf.DPTrainer or DPOptimizer.accumulate(); nothing was released"
+            )
         self._finish_pending()
         if not kwargs and all(isinstance(a, Tensor) for a in args):
             tensors = list(args)  # the common call model(x): no tree walk

@@ -155,6 +155,31 @@ class _NotBatchFirstError(UnsupportedModelError):
     then switches to whole-model vmap)."""
 
 
+#: Modules that only hold parameters (no forward): their parameters belong to the layer that
+#: holds them and uses them in its own forward (``peft``'s LoRA-on-embedding factors, IA3
+#: vectors, LoHa/VeRA factors are ``ParameterDict`` entries of the adapted layer).
+_HOLDERS = (nn.ParameterDict, nn.ParameterList)
+
+
+def _held(module: nn.Module) -> list[str]:
+    """``module``'s trainable parameters held in its parameter containers (dotted names),
+    when they are all its trainable parameters (an adapter layer around a frozen one);
+    else ``[]`` (the containers' parameters then need whole-model vmap, as before)."""
+    held = [
+        f"{cn}.{pn}"
+        for cn, c in module.named_children()
+        if isinstance(c, _HOLDERS)
+        for pn, p in c.named_parameters()
+        if p.requires_grad
+    ]
+    others = [
+        n
+        for n, p in module.named_parameters()
+        if p.requires_grad and n.split(".")[0] not in {h.split(".")[0] for h in held}
+    ]
+    return held if held and not others else []
+
+
 #: How a layer's per-example gradients are obtained.
 LayerKind = Literal["ghost", "decomposed", "rule", "vmap"]
 
@@ -439,6 +464,8 @@ class ClippedGradientEngine:
         for name, module in model.named_modules():
             if any(c == "" or name.startswith(c + ".") for c in covered):
                 continue
+            if name and isinstance(module, _HOLDERS) and _held(_parent(model, name)):
+                continue  # its parameters are its parent's (the module that uses them)
             kind: LayerKind
             if supports_decomposed(module) and rule_for(module) is None:
                 covered.append(name)
@@ -446,7 +473,11 @@ class ClippedGradientEngine:
                 kind = "decomposed"
             else:
                 local = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
-                if rule_for(module) is not None:
+                held = _held(module)
+                if held:  # no rule knows a container's parameters: per-layer vmap
+                    local += held
+                    kind = "vmap"
+                elif rule_for(module) is not None:
                     kind = "rule"
                 elif supports_ghost(module):
                     kind = "ghost"
@@ -483,7 +514,10 @@ class ClippedGradientEngine:
             if not kept:
                 continue
             if kind != "decomposed" and any(
-                p.requires_grad for c in module.children() for p in c.parameters()
+                p.requires_grad
+                for c in module.children()
+                if not (isinstance(c, _HOLDERS) and _held(module))
+                for p in c.parameters()
             ):
                 layerwise = False
             full = [canon[id(module.get_parameter(n))] for n in kept]
@@ -981,8 +1015,7 @@ class ClippedGradientEngine:
         if not total:
             total = {
                 n: torch.zeros(batch, *p.shape, dtype=p.dtype, device=p.device)
-                for n, p in lay.module.named_parameters(recurse=False)
-                if n in lay.local
+                for n, p in ((n, lay.module.get_parameter(n)) for n in lay.local)
             }
         return PerExampleGrads(total)
 
@@ -1069,6 +1102,10 @@ def _full(lay: _Layer | None, local: str) -> str:
 
 def _module(model: nn.Module, name: str) -> nn.Module:
     return model.get_submodule(name) if name else model
+
+
+def _parent(model: nn.Module, name: str) -> nn.Module:
+    return _module(model, name.rpartition(".")[0])
 
 
 def _detach(x: Any) -> Any:

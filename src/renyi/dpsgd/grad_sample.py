@@ -357,8 +357,7 @@ def layer_per_example_grads(
     Returns:
         ``{name: [B, *param.shape]}``.
     """
-    own = dict(module.named_parameters(recurse=False))
-    params = {n: own[n].detach() for n in param_names}
+    params = {n: module.get_parameter(n).detach() for n in param_names}
 
     def dim_of(slot: str, t: Any) -> int | None:
         if batch_dims is not None and slot in batch_dims:

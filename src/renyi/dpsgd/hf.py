@@ -53,7 +53,9 @@ modules other than layers with per-example rules (tied input/output embeddings, 
 BERT's LM heads, are trained: their per-example gradients are the sum of both uses'), models
 whose per-example loss is unknown without ``per_example_loss=``, a ``compute_loss`` override
 or ``compute_loss_func=`` (never called here: give ``per_example_loss=``), a second
-``train()`` without a checkpoint (the planned steps are spent). ``label_smoothing_factor`` is
+``train()`` without a checkpoint (the planned steps are spent), ``peft`` prompt tuning and
+p-tuning (the virtual tokens are embedded once and repeated over the batch: prefix tuning,
+which embeds them per example, is trained). ``label_smoothing_factor`` is
 applied to each example's tokens as the ``Trainer``'s ``LabelSmoother`` does.
 
 Guarantee: as :class:`~renyi.dpsgd.optimizer.DPOptimizer` — the Poisson-subsampled Gaussian
@@ -313,6 +315,20 @@ class LogitsForward(nn.Module):
         return logits
 
 
+def _repeated_prompt(model: nn.Module) -> str | None:
+    """The peft type of a prompt-learning model whose virtual tokens are embedded once for the
+    batch and repeated (prompt tuning, p-tuning, ...; prefix tuning embeds them per example),
+    else None."""
+    configs = getattr(model, "peft_config", None)
+    if not isinstance(configs, dict):
+        return None
+    for config in configs.values():
+        kind = str(getattr(getattr(config, "peft_type", None), "value", ""))
+        if getattr(config, "is_prompt_learning", False) and kind != "PREFIX_TUNING":
+            return kind
+    return None
+
+
 def _tied_trainable(model: nn.Module) -> list[str]:
     """Trainable parameters used by more than one module (tied embeddings)."""
     owners: dict[int, list[str]] = {}
@@ -475,6 +491,16 @@ class DPTrainer(transformers.Trainer):
             raise fail("token_reduction", token_reduction, "'mean' or 'sum'")
         if not isinstance(model, nn.Module):
             raise fail("model", type(model).__name__, "a transformers (or peft) model")
+        prompt = _repeated_prompt(model)
+        if prompt:
+            raise fail(
+                "model",
+                f"a peft {prompt} model",
+                "per-example trainable tensors: prompt tuning's virtual-token embeddings are "
+                "computed once for the batch and repeated for every example, so no "
+                "per-example gradient can be read off them; use prefix tuning "
+                "(peft.PrefixTuningConfig) or LoRA",
+            )
         tied = _tied_trainable(model)
         if tied and not _layerwise(model):
             raise fail(
@@ -624,11 +650,17 @@ class DPTrainer(transformers.Trainer):
             "args.gradient_accumulation_steps", self.args.gradient_accumulation_steps, 1
         )
         workers = int(self.args.dataloader_num_workers)
+        # the loader's own generator: starting an epoch's iterator then draws nothing from
+        # torch's global RNG, whose state the Trainer restores at the start of a resumed
+        # epoch; dropout and random collators (masked-LM masking) then draw after a resume
+        # what they drew in the uninterrupted run
+        own = torch.Generator().manual_seed(int(self.args.seed))
         loader: DataLoader[Any] = DataLoader(
             dataset,  # type: ignore[arg-type]
             batch_sampler=_MicroBatches(self._batches, pieces),  # type: ignore[arg-type]
             collate_fn=EmptyBatchCollate(dataset, collator),  # type: ignore[arg-type]
             num_workers=workers,
+            generator=own,
             pin_memory=bool(self.args.dataloader_pin_memory),
         )
         if self.dp_optimizer is not None:

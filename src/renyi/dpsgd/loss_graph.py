@@ -597,7 +597,22 @@ class LossPlan:
 
     # ------------------------------------------------------------------ run
     def run(self, retain_graph: bool) -> None:
-        """The probe (when due), then the seeded backward."""
+        """The probe (when due), then the seeded backward (activation checkpointing, whose
+        recomputed forward differs from the recorded one, refused with our error)."""
+        from torch.utils.checkpoint import CheckpointError
+
+        try:
+            self._run(retain_graph)
+        except CheckpointError as exc:
+            raise UnsupportedModelError(
+                "activation (gradient) checkpointing recomputes the forward pass during "
+                "loss.backward(), which per-example clipping from the user's backward does "
+                "not support: disable it (model.gradient_checkpointing_disable()), or train "
+                "with renyi.dpsgd.hf.DPTrainer or DPOptimizer.accumulate(), which run their "
+                "own forward; nothing was released"
+            ) from exc
+
+    def _run(self, retain_graph: bool) -> None:
         owners = [o for o in self.owners if o is not None]
         if any(o.probe_due() for o in owners):
             start = time.perf_counter()
