@@ -624,7 +624,8 @@ class _SeqLinearGrads:
             else:
                 res["weight"] = _weight_sum((b * w).reshape(-1, o), a.reshape(-1, d))
         if "bias" in self.names:
-            res["bias"] = torch.mv(b.sum(dim=1).t(), weights["bias"].to(b.dtype))
+            sums = self.shared.bias_grads() if self.shared is not None else b.sum(dim=1)
+            res["bias"] = torch.mv(sums.t(), weights["bias"].to(b.dtype))
         return res
 
 
@@ -644,6 +645,7 @@ class SharedOutputGrads:
     def __init__(self, b: Tensor) -> None:
         self.b = b
         self._gram: Tensor | None = None
+        self._bias: Tensor | None = None
         self._bias_sq: Tensor | None = None
 
     def gram(self) -> Tensor:
@@ -651,9 +653,15 @@ class SharedOutputGrads:
             self._gram = _gram64(self.b)
         return self._gram
 
+    def bias_grads(self) -> Tensor:
+        """The per-example bias gradients ``sum_t b_it``, ``[B, o]``."""
+        if self._bias is None:
+            self._bias = self.b.sum(dim=1)
+        return self._bias
+
     def bias_sq(self) -> Tensor:
         if self._bias_sq is None:
-            self._bias_sq = _sq(self.b.sum(dim=1), (1,))
+            self._bias_sq = _sq(self.bias_grads(), (1,))
         return self._bias_sq
 
 
