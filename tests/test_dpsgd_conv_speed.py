@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 
 from torch import Tensor, nn  # noqa: E402
 
-from renyi.dpsgd import ghost  # noqa: E402
+from renyi.dpsgd import _conv_kernels, _onednn, ghost  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -167,3 +167,120 @@ def test_output_gradients_with_a_graph_are_accepted(monkeypatch: Any) -> None:
     rule = ghost.ghost_layer_grads(layer, [(x2, {}, [g.requires_grad_()])], ["weight"], 5)
     want = ghost.ghost_layer_grads(layer, [(x2, {}, [g.detach()])], ["weight"], 5)
     torch.testing.assert_close(rule.sq_norms()["weight"], want.sq_norms()["weight"])
+
+
+# -- the convolution's input gradient by one product and a scatter (_onednn.conv2d) ---------
+
+_NUMBA = _conv_kernels.available()
+
+# (layer, input shape): stride, dilation, integer / "same" (odd total: one more at the
+# bottom/right) / "valid" padding, rectangular kernels, inputs the last stride does not cover
+INPUT_CASES = [
+    (lambda: nn.Conv2d(16, 32, 4, stride=2), (3, 16, 13, 13)),  # the benchmark CNN's conv2
+    (lambda: nn.Conv2d(3, 5, (3, 2), stride=(2, 1), padding=(1, 2), dilation=(1, 2)), (4, 3, 9, 8)),
+    (lambda: nn.Conv2d(2, 4, (4, 3), padding="same", dilation=(1, 2)), (2, 2, 7, 6)),
+    (
+        lambda: nn.Conv2d(3, 2, 3, stride=3, padding="valid", dilation=(2, 1), bias=False),
+        (2, 3, 10, 11),
+    ),
+    (lambda: nn.Conv2d(1, 3, 8, stride=2, padding=3), (2, 1, 12, 12)),
+]
+
+
+def _input_case(i: int, dtype: torch.dtype) -> tuple[nn.Conv2d, Tensor]:
+    make, shape = INPUT_CASES[i]
+    torch.manual_seed(20 + i)
+    return make().to(dtype), torch.randn(*shape, dtype=dtype)
+
+
+def _torch_input_grad(layer: nn.Conv2d, x: Tensor, g: Tensor) -> Tensor:
+    x = x.detach().clone().requires_grad_()
+    out = layer._conv_forward(x, layer.weight.detach(), _detached(layer.bias))
+    (dx,) = torch.autograd.grad(out, x, g)
+    return dx
+
+
+def _detached(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.detach()
+
+
+@pytest.mark.skipif(not _NUMBA, reason="numba not installed")
+@pytest.mark.parametrize("case", range(len(INPUT_CASES)))
+def test_input_gradient_by_product_and_scatter_equals_autograd_in_float64(case: int) -> None:
+    """``conv2d_input_grad`` (the columns ``g W`` by ``torch.mm`` in float64, scattered back
+    by the compiled kernel, padding cut off) equals torch's input gradient to rounding."""
+    layer, x = _input_case(case, torch.float64)
+    g = torch.randn_like(layer(x))
+    got = _onednn.conv2d_input_grad(
+        g, layer.weight.detach(), (x.shape[2], x.shape[3]), layer.stride, layer.dilation,
+        _onednn._zero_pads(layer),
+    )  # fmt: skip
+    torch.testing.assert_close(got, _torch_input_grad(layer, x, g), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(not (_NUMBA and _onednn.applies(torch.ones(1))), reason="no numba/oneDNN")
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("case", range(len(INPUT_CASES)))
+def test_detached_conv2d_forward_and_input_gradient_in_float32(
+    case: int, channels_last: bool
+) -> None:
+    """The capture path's detached Conv2d: torch's forward (same bits), the oneDNN input
+    gradient (equal to torch's to float32 rounding, in the input's memory format), no
+    gradient for the parameters, and a clear error when differentiated twice."""
+    layer, x = _input_case(case, torch.float32)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    xg = x.clone().requires_grad_()
+    out = ghost.detached_forward(layer)(xg)
+    assert type(out.grad_fn).__name__ == "_Conv2dBackward"
+    assert torch.equal(out, layer(x))
+    g = torch.randn_like(out)
+    (dx,) = torch.autograd.grad(out, xg, g, retain_graph=True)
+    want = _torch_input_grad(layer.double(), x.double(), g.double())
+    torch.testing.assert_close(dx.double(), want, rtol=1e-5, atol=1e-5)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    assert dx.is_contiguous(memory_format=fmt)
+    assert layer.weight.grad is None
+    (dx2,) = torch.autograd.grad(out, xg, g, create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(dx2.sum(), xg)
+
+
+class _OwnForward(nn.Conv2d):
+    def _conv_forward(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        return super()._conv_forward(x, 2 * weight, bias)
+
+
+@pytest.mark.parametrize(
+    "setup",
+    ["float64", "groups", "reflect", "no grad", "unbatched", "autocast", "disabled", "no numba",
+     "subclass"],
+)  # fmt: skip
+def test_other_convolutions_take_torch_s_backward(setup: str, monkeypatch: Any) -> None:
+    """Everywhere the product-and-scatter path does not apply, the detached forward is the
+    layer's own ``_conv_forward`` with torch's backward, and gives torch's gradient."""
+    dtype = torch.float64 if setup == "float64" else torch.float32
+    layer: nn.Conv2d = nn.Conv2d(4, 6, 3, padding=1, groups=2 if setup == "groups" else 1)
+    if setup == "reflect":
+        layer = nn.Conv2d(4, 6, 3, padding=1, padding_mode="reflect")
+    if setup == "subclass":
+        layer = _OwnForward(4, 6, 3, padding=1)
+    layer = layer.to(dtype)
+    x = torch.randn(*((4, 5, 5) if setup == "unbatched" else (2, 4, 5, 5)), dtype=dtype)
+    if setup == "disabled":
+        monkeypatch.setattr(_onednn, "ENABLED", False)
+    if setup == "no numba":
+        monkeypatch.setattr(_conv_kernels, "available", lambda: False)
+    xg = x.clone().requires_grad_(setup != "no grad")
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=setup == "autocast"):
+        out = ghost.detached_forward(layer)(xg)
+        want = layer._conv_forward(x, layer.weight.detach(), _detached(layer.bias))
+    assert type(out.grad_fn).__name__ != "_Conv2dBackward"
+    torch.testing.assert_close(out, want)
+    if setup != "no grad":
+        g = torch.randn_like(out)
+        (dx,) = torch.autograd.grad(out, xg, g)
+        x2 = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=setup == "autocast"):
+            out2 = layer._conv_forward(x2, layer.weight.detach(), _detached(layer.bias))
+        torch.testing.assert_close(dx, torch.autograd.grad(out2, x2, g)[0])

@@ -135,7 +135,9 @@ def detached_forward(module: nn.Module) -> Callable[[Tensor], Tensor]:
 
     if isinstance(module, nn.Linear):
         return lambda x: _onednn.linear(x, d(module.weight), d(module.bias))  # type: ignore[arg-type]
-    if isinstance(module, nn.Conv1d | nn.Conv2d):
+    if isinstance(module, nn.Conv2d):
+        return lambda x: _onednn.conv2d(module, x, d(module.weight), d(module.bias))  # type: ignore[arg-type]
+    if isinstance(module, nn.Conv1d):
         return lambda x: module._conv_forward(x, d(module.weight), d(module.bias))  # type: ignore[arg-type]
     if isinstance(module, nn.Embedding):
         return lambda x: F.embedding(
