@@ -79,6 +79,14 @@ CASES = [
         lambda: nn.Conv1d(4, 4, 2, groups=4, dilation=3, padding_mode="replicate", padding=1),
         (5, 4, 9),
     ),
+    # shapes for the ``direct`` kernel's blocks (float64: 8 or 4 output channels a vector;
+    # 8, 4, 2 or 1 kernel taps a block): 8 taps, 9 (one at a time), 6 (two), the benchmark
+    # CNN's first convolution, a Conv1d
+    (lambda: nn.Conv2d(2, 8, (2, 4), stride=(1, 2), padding=(1, 0), dilation=(2, 1)), (5, 2, 7, 9)),
+    (lambda: nn.Conv2d(3, 12, 3, padding="same", bias=False), (5, 3, 5, 6)),
+    (lambda: nn.Conv2d(2, 16, (2, 3), stride=2, padding_mode="circular", padding=1), (5, 2, 7, 6)),
+    (lambda: nn.Conv2d(1, 16, 8, stride=2, padding=3), (5, 1, 16, 16)),
+    (lambda: nn.Conv1d(2, 16, 3, stride=2, dilation=2), (5, 2, 13)),
 ]
 
 
@@ -90,7 +98,9 @@ def _case(i: int) -> tuple[nn.Module, Tensor]:
 
 
 def _strategies(layer: nn.Module) -> list[str]:
-    return ["bmm", "gram"] + (["grouped"] if layer.groups == 1 else [])  # type: ignore[operator]
+    one_group = layer.groups == 1
+    direct = one_group and layer.out_channels % 4 == 0 and _conv_kernels.conv_pe_kernel(True, 1, 4)  # type: ignore[operator]
+    return ["bmm", "gram"] + (["grouped"] if one_group else []) + (["direct"] if direct else [])
 
 
 @pytest.mark.parametrize("chunk_bytes", [1, 2000, 1 << 20])  # 1 example, a few, the batch
@@ -284,3 +294,68 @@ def test_other_convolutions_take_torch_s_backward(setup: str, monkeypatch: Any) 
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=setup == "autocast"):
             out2 = layer._conv_forward(x2, layer.weight.detach(), _detached(layer.bias))
         torch.testing.assert_close(dx, torch.autograd.grad(out2, x2, g)[0])
+
+
+# -- the compiled per-example kernel (``direct``) in float32 and where it does not apply ------
+
+
+@pytest.mark.parametrize(
+    ("make", "shape"),
+    [
+        (lambda: nn.Conv2d(16, 32, 4, stride=2), (7, 16, 13, 13)),  # 16 lanes, 8-tap blocks
+        (lambda: nn.Conv2d(1, 16, 8, stride=2, padding=3), (7, 1, 28, 28)),
+        (lambda: nn.Conv2d(3, 8, 3, dilation=2, padding=1), (7, 3, 9, 8)),  # 8 lanes, 1 tap
+    ],
+)
+def test_direct_kernel_in_float32_equals_the_batched_product(
+    make: Any, shape: tuple[int, ...], monkeypatch: Any
+) -> None:
+    """float32's vector widths (16 and 8 output channels), against ``bmm`` on the same
+    float32 data: norms and clipped sums to float32 rounding, per-example gradients too."""
+    if _conv_kernels.conv_pe_kernel(False, 1, 8) is None:
+        pytest.skip("llvmlite missing")
+    torch.manual_seed(3)
+    layer = make()
+    x = torch.randn(*shape)
+    target = torch.randn_like(layer(x))
+    calls = _calls(layer, [x], target)
+    names = [n for n, _ in layer.named_parameters()]
+    w = torch.rand(shape[0], dtype=torch.float64)
+    res = {}
+    for strategy in ("bmm", "direct"):
+        monkeypatch.setattr(ghost._ConvGrads, "_choose", lambda self, s=strategy: s)
+        rule = ghost.ghost_layer_grads(layer, calls, names, shape[0])
+        assert rule._direct_kernel() is not None
+        res[strategy] = (
+            rule.sq_norms(),
+            rule.weighted_sum(dict.fromkeys(names, w)),
+            rule._weight_per_example(),
+        )
+    (sq0, sum0, pe0), (sq1, sum1, pe1) = res["bmm"], res["direct"]
+    for n in names:
+        torch.testing.assert_close(sq1[n], sq0[n], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(sum1[n], sum0[n], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pe1, pe0, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("setup", ["no kernel", "compiling", "channels", "groups"])
+def test_direct_kernel_is_not_a_candidate_where_it_does_not_apply(
+    setup: str, monkeypatch: Any
+) -> None:
+    """No compiled kernel (llvmlite missing), code traced by ``torch.compile``, output
+    channels not a multiple of a vector width, several groups: the strategy is chosen among
+    torch's kernels and gives their values."""
+    monkeypatch.setattr(ghost, "_CONV_STRATEGY", {})
+    if setup == "no kernel":
+        monkeypatch.setattr(_conv_kernels, "conv_pe_kernel", lambda *a: None)
+    if setup == "compiling":
+        monkeypatch.setattr(_onednn, "_compiling", lambda: True)
+    o, groups = (6, 1) if setup == "channels" else (8, 2 if setup == "groups" else 1)
+    layer = nn.Conv2d(4, o, 3, groups=groups).double()
+    x = torch.randn(3, 4, 6, 6, dtype=torch.float64)
+    g = torch.randn(3, o, 4, 4, dtype=torch.float64)
+    rule = ghost.ghost_layer_grads(layer, [((x,), {}, [g])], ["weight"], 3)
+    assert rule._direct_kernel() is None and rule.strategy != "direct"
+    monkeypatch.setattr(ghost._ConvGrads, "_choose", lambda self: "bmm")
+    want = ghost.ghost_layer_grads(layer, [((x,), {}, [g])], ["weight"], 3)
+    torch.testing.assert_close(rule.sq_norms()["weight"], want.sq_norms()["weight"])

@@ -16,8 +16,9 @@ gradient can be read off the layer's input activations ``a`` and output gradient
 * ``nn.Conv1d``/``nn.Conv2d``: unfolding the input (im2col) turns the convolution into the
   sequence case with ``T`` = number of output positions, per group; the per-example gradient
   of the layer can also be formed by one grouped convolution of the input with the output
-  gradients. Which exact method is fastest depends on the shape and the machine: it is timed
-  once per shape (see ``_ConvGrads``).
+  gradients, or on the CPU by a compiled kernel that reads the input windows in place
+  (:mod:`renyi.dpsgd._conv_kernels`). Which exact method is fastest depends on the shape and
+  the machine: it is timed once per shape (see ``_ConvGrads``).
 * ``nn.Embedding``: example ``i``'s gradient adds ``b_it`` into row ``idx_it``; the rows of one
   example are accumulated sparsely (no ``[B, vocab, dim]`` tensor).
 * ``nn.LayerNorm``/``nn.GroupNorm``: the per-example gradients of the affine parameters are as
@@ -44,6 +45,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import time
@@ -55,7 +57,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.grad import conv2d_weight
 
-from renyi.dpsgd import _onednn, _scan_kernels
+from renyi.dpsgd import _conv_kernels, _onednn, _scan_kernels
 from renyi.dpsgd.grad_sample import UnsupportedModelError, autocast_enabled
 
 __all__ = [
@@ -786,6 +788,28 @@ def _pad_input(module: nn.Conv1d | nn.Conv2d, x: Tensor) -> Tensor:
     return F.pad(x, [pad2[1], pad2[1], pad2[0], pad2[0]]) if any(pad2) else x
 
 
+@functools.lru_cache(maxsize=64)
+def _window_offsets(
+    size: tuple[int, int],
+    out: tuple[int, int],
+    kernel: tuple[int, int],
+    stride: tuple[int, int],
+    dilation: tuple[int, int],
+) -> tuple[Tensor, Tensor]:
+    """For the ``direct`` kernel: the offset in a flattened ``size`` plane of each output
+    position's window (``[Ho Wo]``) and of each kernel tap (``[kh kw]``), int64. Checked to
+    stay inside the plane (the kernel reads through raw pointers): the last window's last
+    tap in each dimension, which the convolution's shapes guarantee."""
+    (hp, wp), (ho, wo), (kh, kw), (sh, sw), (dh, dw) = size, out, kernel, stride, dilation
+    if (ho - 1) * sh + (kh - 1) * dh >= hp or (wo - 1) * sw + (kw - 1) * dw >= wp:
+        raise RuntimeError(f"convolution windows outside the {hp} x {wp} input")  # never
+    rows = torch.arange(ho, dtype=torch.int64) * (sh * wp)
+    pos = (rows[:, None] + torch.arange(wo, dtype=torch.int64)[None, :] * sw).reshape(-1)
+    taps = torch.arange(kh, dtype=torch.int64) * (dh * wp)
+    offs = (taps[:, None] + torch.arange(kw, dtype=torch.int64)[None, :] * dw).reshape(-1)
+    return pos, offs
+
+
 #: Fastest exact per-example strategy of each convolution shape, timed once (see _ConvGrads).
 _CONV_STRATEGY: dict[tuple[Any, ...], str] = {}
 
@@ -798,30 +822,36 @@ class _ConvGrads:
     """Conv1d/Conv2d: ``g_i = sum_l b_il p_il^T`` over output positions ``l``, with ``p_il`` the
     input patch (im2col) that produced output position ``l``; per group.
 
-    Three exact ways to get the per-example weight-gradient norms, all from the layer's input
+    Four exact ways to get the per-example weight-gradient norms, all from the layer's input
     and output gradient: ``gram`` (Gram matrices of patches and output gradients over the
     positions, Li et al. 2022), ``bmm`` (per-example gradient of this layer by a batched matrix
     product of output gradients and patches), ``grouped`` (the same per-example gradient as one
-    grouped convolution of the input with the output gradients). The fastest for the shape is
-    timed once (best of three; CPU time when torch runs one thread) and remembered; ``gram``
-    is only considered under Bu et al.'s rule ``2 L^2 < K O``. With per-example gradients the
-    clipped sum is their ``B``-term weighted sum (one matrix-vector product); with ``gram`` it
-    is the layer's weight gradient with the output gradients re-weighted (book-keeping),
-    computed by torch's convolution backward.
+    grouped convolution of the input with the output gradients), ``direct`` (the same by the
+    compiled kernel :func:`renyi.dpsgd._conv_kernels.conv_pe_kernel`, which reads each
+    window of the padded input in place, vectorised over output channels: one group,
+    float32/float64 on the CPU, output channels a multiple of its vector width). The fastest
+    for the shape is timed once (best of three; CPU time when torch runs one thread) and
+    remembered; ``gram`` is only considered under Bu et al.'s rule ``2 L^2 < K O``. With
+    per-example gradients the clipped sum is their ``B``-term weighted sum (one
+    matrix-vector product); with ``gram`` it is the layer's weight gradient with the output
+    gradients re-weighted (book-keeping), computed by torch's convolution backward.
 
     The per-example gradients stay in the layout their product wrote them in (``bmm`` with one
     group: features ordered ``(kh, kw, C)``; ``grouped``: the convolution's ``[C, B, O, kh,
-    kw]``): norms do not depend on the order, and only the ``[O, C, kh, kw]`` weighted sum is
-    permuted into the weight's layout. (Permuting the ``[B, O, C kh kw]`` tensor itself cost
-    more than the product on the benchmark CNN.) On the CPU ``bmm`` runs in chunks of about
-    ``_CONV_CHUNK_BYTES`` of patches, so that each chunk's patches, product and norms are
-    formed while in cache.
+    kw]``; ``direct``: ``[B, C, kh kw, O]``): norms do not depend on the order, and only the
+    ``[O, C, kh, kw]`` weighted sum is permuted into the weight's layout. (Permuting the
+    ``[B, O, C kh kw]`` tensor itself cost more than the product on the benchmark CNN.) On
+    the CPU ``bmm`` runs in chunks of about ``_CONV_CHUNK_BYTES`` of patches, so that each
+    chunk's patches, product and norms are formed while in cache.
 
     Measured on the benchmark CNN (``benchmarks/dpsgd.py --throughput --models cnn``, batch
-    256, one thread, AVX-512 EPYC): its first convolution (1 -> 16 channels, 8 x 8, stride 2)
-    picks ``grouped``, ~2.1 ms for ~100 MFLOP; its second (16 -> 32, 4 x 4, stride 2) ``bmm``,
-    ~2.2 ms, of which the product ~1.5 ms. Torch's weight-gradient kernel, which the user's
-    backward no longer runs for these layers, takes ~0.7 ms for each.
+    256, one thread, AVX-512 EPYC): both convolutions pick ``direct``, its first (1 -> 16
+    channels, 8 x 8, stride 2) ~0.56 ms against ~2.0 ms by ``grouped``, its second (16 ->
+    32, 4 x 4, stride 2) ~0.63 ms against ~1.6 ms of ``bmm`` products plus ~0.7 ms of patch
+    copies (kernels alone); the private step's CPU time over the non-private step's, in one
+    process with the two strategies interleaved step by step, 1.285 -> 1.142. Torch's
+    weight-gradient kernel, which the user's backward no longer runs for these layers, takes
+    ~0.7 ms for each.
     """
 
     def __init__(
@@ -920,8 +950,54 @@ class _ConvGrads:
             parts.append(out[:, :, :kh, :kw].reshape(c, self.batch, o, kh, kw))
         return _sum(parts)
 
+    def _direct_kernel(self) -> Any:
+        """The compiled kernel of the ``direct`` strategy for this layer
+        (:func:`renyi.dpsgd._conv_kernels.conv_pe_kernel`), or None where it does not apply:
+        one group, float32/float64 on the CPU, input and output gradients of one dtype, the
+        output channels a multiple of the vector width, not traced by ``torch.compile``."""
+        o, _, kh, kw = self.shape2d
+        xp = self.calls[0][0]
+        double = xp.dtype == torch.float64
+        if (
+            self.groups != 1
+            or xp.device.type != "cpu"
+            or xp.dtype not in (torch.float32, torch.float64)
+            or any(x.dtype != xp.dtype or b.dtype != xp.dtype for x, b in self.calls)
+            or _onednn._compiling()
+        ):
+            return None
+        lanes = next((n for n in ((8, 4) if double else (16, 8)) if o % n == 0), None)
+        if lanes is None:
+            return None
+        taps = next(n for n in (8, 4, 2, 1) if (kh * kw) % n == 0)
+        return _conv_kernels.conv_pe_kernel(double, taps, lanes)
+
+    def _grads_direct(self) -> Tensor:
+        """Per-example gradients ``[B, C, kh kw, O]`` by the compiled kernel, from the padded
+        input (NCHW) and the output gradients made channels-last; no patches are formed."""
+        o, c, kh, kw = self.shape2d
+        kernel = self._direct_kernel()
+        pe: Tensor | None = None
+        for xp, g in self.calls:
+            xc = xp.contiguous()
+            gn = g.permute(0, 2, 3, 1).contiguous()  # [B, Ho, Wo, O]
+            hp, wp = int(xc.shape[2]), int(xc.shape[3])
+            pos, offs = _window_offsets(
+                (hp, wp), (int(g.shape[2]), int(g.shape[3])), (kh, kw), self.stride, self.dilation
+            )
+            part = g.new_empty(self.batch, c, kh * kw, o)
+            kernel(
+                xc.data_ptr(), pos.data_ptr(), offs.data_ptr(), gn.data_ptr(), part.data_ptr(),
+                self.batch, c, hp * wp, pos.numel(), kh * kw, o,
+            )  # fmt: skip
+            pe = part if pe is None else pe.add_(part)
+        assert pe is not None
+        return pe
+
     def _compute(self, name: str) -> tuple[Tensor, Tensor | None]:
         """Per-example gradients in ``name``'s layout, and their norms when formed with them."""
+        if name == "direct":
+            return self._grads_direct(), None
         return (self._grads_grouped(), None) if name == "grouped" else self._grads_bmm()
 
     def _sq_pe(self, name: str, pe: Tensor, norms: Tensor | None) -> Tensor:
@@ -938,6 +1014,9 @@ class _ConvGrads:
         if name == "grouped":  # [C, B, O, kh, kw]
             s = torch.matmul(w, pe.reshape(cg, self.batch, -1))  # [C, O kh kw]
             return s.reshape(cg, o, kh, kw).transpose(0, 1)
+        if name == "direct":  # [B, C, kh kw, O]
+            s = torch.mv(pe.reshape(self.batch, -1).t(), w)
+            return s.reshape(cg, kh, kw, o).permute(3, 0, 1, 2)
         s = torch.mv(pe.reshape(self.batch, -1).t(), w)
         if self.groups == 1:  # features ordered (kh, kw, C)
             return s.reshape(o, kh, kw, cg).permute(0, 3, 1, 2)
@@ -968,6 +1047,8 @@ class _ConvGrads:
         candidates = ["bmm"]
         if self.groups == 1:
             candidates.append("grouped")
+        if self._direct_kernel() is not None:
+            candidates.append("direct")
         if 2 * length * length < (o // self.groups) * cg * kh * kw:
             candidates.append("gram")
         key = (
@@ -1029,10 +1110,12 @@ class _ConvGrads:
     def _weight_per_example(self) -> Tensor:
         """``[B, O, Cg, kh, kw]`` (a copy in the weight's layout: for tied parameters)."""
         o, cg, kh, kw = self.shape2d
-        name = "grouped" if self.strategy == "grouped" else "bmm"
+        name = self.strategy if self.strategy in ("grouped", "direct") else "bmm"
         pe = (self._native_per_example() if self.strategy == name else self._compute(name))[0]
         if name == "grouped":
             return pe.permute(1, 2, 0, 3, 4)
+        if name == "direct":
+            return pe.reshape(self.batch, cg, kh, kw, o).permute(0, 4, 1, 2, 3)
         if self.groups == 1:
             return pe.reshape(self.batch, o, kh, kw, cg).permute(0, 1, 4, 2, 3)
         return pe.reshape(self.batch, o, cg, kh, kw)
