@@ -338,18 +338,20 @@ def test_direct_kernel_in_float32_equals_the_batched_product(
     torch.testing.assert_close(pe1, pe0, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("setup", ["no kernel", "compiling", "channels", "groups"])
+@pytest.mark.parametrize("setup", ["no kernel", "compiling", "switched off", "channels", "groups"])
 def test_direct_kernel_is_not_a_candidate_where_it_does_not_apply(
     setup: str, monkeypatch: Any
 ) -> None:
-    """No compiled kernel (llvmlite missing), code traced by ``torch.compile``, output
-    channels not a multiple of a vector width, several groups: the strategy is chosen among
-    torch's kernels and gives their values."""
+    """No compiled kernel (llvmlite missing), code traced by ``torch.compile``, the kernel
+    switched off, output channels not a multiple of a vector width, several groups: the
+    strategy is chosen among torch's kernels and gives their values."""
     monkeypatch.setattr(ghost, "_CONV_STRATEGY", {})
     if setup == "no kernel":
         monkeypatch.setattr(_conv_kernels, "conv_pe_kernel", lambda *a: None)
     if setup == "compiling":
         monkeypatch.setattr(_onednn, "_compiling", lambda: True)
+    if setup == "switched off":
+        monkeypatch.setattr(_conv_kernels, "ENABLED", False)
     o, groups = (6, 1) if setup == "channels" else (8, 2 if setup == "groups" else 1)
     layer = nn.Conv2d(4, o, 3, groups=groups).double()
     x = torch.randn(3, 4, 6, 6, dtype=torch.float64)
@@ -358,4 +360,25 @@ def test_direct_kernel_is_not_a_candidate_where_it_does_not_apply(
     assert rule._direct_kernel() is None and rule.strategy != "direct"
     monkeypatch.setattr(ghost._ConvGrads, "_choose", lambda self: "bmm")
     want = ghost.ghost_layer_grads(layer, [((x,), {}, [g])], ["weight"], 3)
+    torch.testing.assert_close(rule.sq_norms()["weight"], want.sq_norms()["weight"])
+
+
+def test_a_shape_timed_with_the_kernel_takes_bmm_where_it_no_longer_applies(
+    monkeypatch: Any,
+) -> None:
+    """The strategy cache is keyed by shapes, dtype and device: a shape that chose ``direct``
+    and is met again while the kernel does not apply (torch.compile tracing, switched off)
+    takes ``bmm`` instead of calling a missing kernel."""
+    layer = nn.Conv2d(2, 8, 3).double()
+    x = torch.randn(3, 2, 5, 5, dtype=torch.float64)
+    g = torch.randn(3, 8, 3, 3, dtype=torch.float64)
+    rule = ghost.ghost_layer_grads(layer, [((x,), {}, [g])], ["weight"], 3)
+    if rule._direct_kernel() is None:
+        pytest.skip("llvmlite missing")
+    monkeypatch.setattr(ghost, "_CONV_STRATEGY", dict.fromkeys(ghost._CONV_STRATEGY, "direct"))
+    want = ghost.ghost_layer_grads(layer, [((x,), {}, [g])], ["weight"], 3)
+    assert want.strategy == "direct"
+    monkeypatch.setattr(_conv_kernels, "ENABLED", False)
+    rule = ghost.ghost_layer_grads(layer, [((x,), {}, [g])], ["weight"], 3)
+    assert rule.strategy == "bmm"
     torch.testing.assert_close(rule.sq_norms()["weight"], want.sq_norms()["weight"])

@@ -26,7 +26,7 @@ try:  # pragma: no cover - exercised when numba is installed
 except ImportError:  # pragma: no cover
     njit = None
 
-__all__ = ["available", "col2im_nhwc", "conv_pe_kernel"]
+__all__ = ["ENABLED", "available", "col2im_nhwc", "conv_pe_kernel"]
 
 
 def available() -> bool:
@@ -74,6 +74,9 @@ if njit is not None:  # pragma: no branch
 #
 # Fused multiply-adds in a fixed order (position by position): the result equals the
 # per-example gradient up to the rounding of that order.
+
+#: Whether ``ghost._ConvGrads`` may use :func:`conv_pe_kernel` (switched off to compare).
+ENABLED = True
 
 _llvm: Any = None
 try:  # pragma: no cover - exercised when llvmlite (a dependency of numba) is installed

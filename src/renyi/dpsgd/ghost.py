@@ -871,7 +871,10 @@ class _ConvGrads:
         # per-example gradients in the strategy's layout (see _sq_pe, _sum_pe), their norms
         self._per_example: tuple[Tensor, Tensor | None] | None = None
         self._bias: Tensor | None = None
+        self._kernel: Any = None
         self.strategy = self._choose() if "weight" in self.names else "none"
+        # the compiled kernel, fixed when chosen (whether it applies could change later)
+        self._kernel = self._direct_kernel() if self.strategy == "direct" else None
 
     # -- the three strategies ------------------------------------------------------------
     def _patches(self, xp: Tensor, g: Tensor) -> Tensor:
@@ -964,6 +967,7 @@ class _ConvGrads:
             or xp.dtype not in (torch.float32, torch.float64)
             or any(x.dtype != xp.dtype or b.dtype != xp.dtype for x, b in self.calls)
             or _onednn._compiling()
+            or not _conv_kernels.ENABLED
         ):
             return None
         lanes = next((n for n in ((8, 4) if double else (16, 8)) if o % n == 0), None)
@@ -976,7 +980,9 @@ class _ConvGrads:
         """Per-example gradients ``[B, C, kh kw, O]`` by the compiled kernel, from the padded
         input (NCHW) and the output gradients made channels-last; no patches are formed."""
         o, c, kh, kw = self.shape2d
-        kernel = self._direct_kernel()
+        kernel = self._kernel if self._kernel is not None else self._direct_kernel()
+        if kernel is None:
+            raise RuntimeError("the direct strategy's kernel does not apply")  # never
         pe: Tensor | None = None
         for xp, g in self.calls:
             xc = xp.contiguous()
@@ -1083,7 +1089,11 @@ class _ConvGrads:
                     _synchronize(g0)
                     timing[name] = min(timing[name], clock() - start)
             _CONV_STRATEGY[key] = min(timing, key=timing.__getitem__)
-        return _CONV_STRATEGY[key]
+        choice = _CONV_STRATEGY[key]
+        if choice == "direct" and "direct" not in candidates:
+            # timed when the kernel applied; not now (torch.compile tracing, switched off)
+            return "bmm"
+        return choice
 
     def _conv_weight_sum(self, w: Tensor) -> Tensor:
         """``sum_i w_i g_i`` for the weight by torch's convolution weight-gradient kernel."""
