@@ -650,6 +650,26 @@ def test_own_grams_are_float32_dot_products(shape: tuple[int, int, int]) -> None
 
 
 @needs_numba
+def test_gram_dots_equal_float64_products_past_float32_range() -> None:
+    """The per-example ``sum_ij ga[i, j] gb[i, j]`` of two float32 Gram matrices in float64
+    (``_scan_kernels.gram_dots``, through ``ghost._gram_dots``): equal to torch's float64
+    product and sum to float64 rounding, finite where the products pass float32's range
+    (entries 1e30 x 1e30), NaN where an entry is NaN."""
+    g = torch.Generator().manual_seed(4)
+    ga = torch.randn(3, 9, 9, generator=g) * 1e30
+    gb = torch.randn(3, 9, 9, generator=g) * 1e30
+    gb[2, 4, 5] = float("nan")
+    want = (ga.double() * gb.double()).sum(dim=(1, 2))
+    got = ghost._gram_dots(ga, gb)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got[:2], want[:2], rtol=1e-12, atol=0.0)
+    assert bool(torch.isfinite(got[:2]).all()) and bool(torch.isnan(got[2]))
+    out = torch.empty(3, dtype=torch.float64)
+    _scan_kernels.gram_dots(ga.numpy(), gb.numpy(), out.numpy())
+    torch.testing.assert_close(out[:2], want[:2], rtol=1e-12, atol=0.0)
+
+
+@needs_numba
 def test_clipped_sums_by_own_kernel_equal_float64(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sequence maps' clipped sums ``b^T (w a)`` by the own kernel (LSTM-shaped: ``[B T,
     4H]`` gate gradients, ``[B T, H]`` inputs, ``B T = 300``, more than two passes of 128)

@@ -61,6 +61,7 @@ __all__ = [
     "available",
     "blas_threads",
     "exp32",
+    "gram_dots",
     "grams32",
     "gru_backward",
     "gru_forward",
@@ -183,6 +184,7 @@ def restore_blas_threads(old: list[tuple[Any, int]]) -> None:
 
 
 exp32: Any = None
+gram_dots: Any = None
 grams32: Any = None
 matmul32: Any = None
 matmul_tn32: Any = None
@@ -567,6 +569,23 @@ if njit is not None:  # the compiled functions, defined only with numba
                     gb[j, i] = gb[i, j]
 
     grams32 = _grams32
+
+    @_cached_jit(error_model="numpy", fastmath={"reassoc", "contract"})
+    def _gram_dots(ga, gb, out):  # type: ignore[no-untyped-def]
+        """``out[b] = sum_ij ga[b, i, j] gb[b, i, j]`` in float64 (``ga``, ``gb`` float32
+        ``[B, T, T]``, C-contiguous): a per-example squared norm from two Gram matrices,
+        in float64 so that products past float32's range stay finite. The sum in any order
+        (vectorised); NaN and infinities propagate."""
+        batch = ga.shape[0]
+        n = ga.shape[1] * ga.shape[2]
+        fa, fb = ga.reshape(batch, n), gb.reshape(batch, n)
+        for b in range(batch):
+            acc = 0.0
+            for k in range(n):
+                acc += np.float64(fa[b, k]) * np.float64(fb[b, k])
+            out[b] = acc
+
+    gram_dots = _gram_dots
 
     _TN_DEPTH = 128  # rows of a and b per pass: b's 64-column panel (32 KiB) stays in L1
 

@@ -596,9 +596,9 @@ class _SeqLinearGrads:
         if "weight" in self.names:
             if self.use_gram:
                 ga = _grams(a)  # [B, T, T]
-                gb = self.shared.gram() if self.shared is not None else _gram64(b)
+                gb = self.shared.gram() if self.shared is not None else _grams(b)
                 # float64 products: (a.a)(b.b) may exceed the float32 range
-                sq = (ga.double() * gb).sum(dim=(1, 2)).clamp_min(0.0)
+                sq = _gram_dots(ga, gb).clamp_min(0.0)
                 if a.dtype != torch.float64 and not math.isfinite(float(sq.sum())):
                     # a float32 Gram entry overflowed (inputs past 1e19: inf, or inf * 0 =
                     # NaN where the output gradients vanish): the examples' Grams in float64
@@ -633,6 +633,18 @@ class _SeqLinearGrads:
         return res
 
 
+def _gram_dots(ga: Tensor, gb: Tensor) -> Tensor:
+    """``sum_ij ga_i[i, j] gb_i[i, j]`` per example ``i`` in float64 (two ``[B, T, T]``
+    Gram matrices: a map's per-example squared weight-gradient norms): one compiled pass
+    (:func:`renyi.dpsgd._scan_kernels.gram_dots`) where :func:`_own_kernels_apply`, else
+    torch's float64 product and sum."""
+    if _own_kernels_apply(ga, gb):
+        out = torch.empty(ga.shape[0], dtype=torch.float64)
+        _scan_kernels.gram_dots(ga.numpy(), gb.numpy(), out.numpy())
+        return out
+    return (ga.double() * gb.double()).sum(dim=(1, 2))
+
+
 def _gram64(b: Tensor, exact: bool = False) -> Tensor:
     """``[B, T, T]`` Gram matrices of ``b`` ``[B, T, o]`` over the positions, as float64
     (``exact``: the products in float64 too, no float32 overflow)."""
@@ -653,8 +665,9 @@ class SharedOutputGrads:
         self._bias_sq: Tensor | None = None
 
     def gram(self) -> Tensor:
+        """The per-example Gram matrices ``b_i b_i^T`` ``[B, T, T]`` in ``b``'s dtype."""
         if self._gram is None:
-            self._gram = _gram64(self.b)
+            self._gram = _grams(self.b)
         return self._gram
 
     def bias_grads(self) -> Tensor:
