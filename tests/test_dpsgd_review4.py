@@ -33,7 +33,10 @@ Defects these tests found on main (each failed there):
 * ``peft`` prompt tuning in DPTrainer failed with torch's batch-size ``ValueError`` inside a
   false "works only for some batch sizes" refusal;
 * a DPTrainer run resumed mid-epoch from a checkpoint diverged from the uninterrupted run
-  when the model or the collator draws random numbers (dropout, masked-LM masking).
+  when the model or the collator draws random numbers (dropout, masked-LM masking);
+* DPTrainer released ``total_flos`` (the sampled batches' token counts, without noise) in
+  its logs and checkpoints, accepted ``include_num_input_tokens_seen`` (the same count) and
+  NEFTune (noise scaled by the batch's padded length).
 
 Checked and found sound on main (see the report): ``peft`` prefix tuning (a case of the
 adapter test), LoRA with ``use_rslora`` on ``"all-linear"``, ``modules_to_save`` heads
@@ -463,3 +466,24 @@ def test_resume_mid_epoch_with_dropout_equals_the_uninterrupted_run(tmp_path: Pa
     eps_resumed, resumed = run(tmp_path / "b", str(tmp_path / "a" / "checkpoint-3"))
     assert eps_resumed == eps
     assert all(torch.equal(a, b) for a, b in zip(params, resumed, strict=True))
+
+
+def test_dptrainer_logs_and_state_carry_no_unnoised_batch_statistics(tmp_path: Path) -> None:
+    """On main DPTrainer logged, and saved in ``trainer_state.json``, ``total_flos``: the
+    ``Trainer`` sums ``6 × parameters × tokens`` of every sampled batch, so it released the
+    Poisson batches' realised sizes (an example's presence shifts it) without noise;
+    ``include_num_input_tokens_seen=True`` logged their token count; ``neftune_noise_alpha``
+    was accepted although NEFTune scales its noise by the batch's padded length (each
+    example's gradient then depends on the others' lengths). Now ``total_flos`` is 0 and
+    not logged, the other two are refused with the reason."""
+    rows = _rows(_batch()) * 4
+    trainer = _trainer(_llama(), rows, tmp_path)
+    output = trainer.train()
+    assert trainer.state.total_flos == 0
+    assert "total_flos" not in output.metrics or output.metrics["total_flos"] == 0
+    assert not any(
+        "total_flos" in h or "num_input_tokens_seen" in h for h in trainer.state.log_history
+    )
+    for name, value in (("include_num_input_tokens_seen", True), ("neftune_noise_alpha", 5.0)):
+        with pytest.raises(PrivacyParameterError, match=name):
+            _trainer(_llama(), rows, tmp_path, args={name: value})

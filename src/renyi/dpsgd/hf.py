@@ -37,8 +37,9 @@ What it changes, and why:
   them. ``args.max_steps`` is set to that number.
 * **logs**: ``epsilon`` is added to every log; the training loss is *not* logged by default
   (it is computed from the private data without noise: ``log_train_loss=True`` to log it
-  anyway). Hugging Face's own gradient clipping of the released gradient is switched off
-  (``max_grad_norm`` here is the per-example clipping norm).
+  anyway), nor is ``total_flos`` (0: the ``Trainer`` sums the sampled batches' token
+  counts into it). Hugging Face's own gradient clipping of the released gradient is
+  switched off (``max_grad_norm`` here is the per-example clipping norm).
 * **checkpoints**: the optimizer's ``state_dict`` (saved by the ``Trainer`` as
   ``optimizer.pt``) holds the accountant, the sampler's position and random state and the
   noise source's state (no key: secure noise is drawn fresh after a resume; a seeded run,
@@ -51,11 +52,13 @@ precision (not yet verified for the per-example engine), ``group_by_length`` and
 ``auto_find_batch_size`` (they change the sampling), trainable parameters shared by
 modules other than layers with per-example rules (tied input/output embeddings, GPT-2's and
 BERT's LM heads, are trained: their per-example gradients are the sum of both uses'), models
-whose per-example loss is unknown without ``per_example_loss=``, a ``compute_loss`` override
-or ``compute_loss_func=`` (never called here: give ``per_example_loss=``), a second
-``train()`` without a checkpoint (the planned steps are spent), ``peft`` prompt tuning and
-p-tuning (the virtual tokens are embedded once and repeated over the batch: prefix tuning,
-which embeds them per example, is trained). ``label_smoothing_factor`` is
+whose per-example loss is unknown without ``per_example_loss=``, a ``compute_loss``
+override or ``compute_loss_func=`` (never called here: give ``per_example_loss=``), a
+second ``train()`` without a checkpoint (the planned steps are spent),
+``include_num_input_tokens_seen`` (an unnoised count of the sampled tokens), NEFTune
+(``neftune_noise_alpha``: its noise scale is the batch's padded length), ``peft`` prompt
+tuning and p-tuning (the virtual tokens are embedded once and repeated over the batch:
+prefix tuning, which embeds them per example, is trained). ``label_smoothing_factor`` is
 applied to each example's tokens as the ``Trainer``'s ``LabelSmoother`` does.
 
 Guarantee: as :class:`~renyi.dpsgd.optimizer.DPOptimizer` — the Poisson-subsampled Gaussian
@@ -574,6 +577,21 @@ class DPTrainer(transformers.Trainer):
                     "clipping; sharded training, length grouping and batch-size search change "
                     "the sampling the noise was calibrated for)",
                 )
+        tokens_seen = getattr(args, "include_num_input_tokens_seen", False)
+        if tokens_seen not in (False, None, "no"):
+            raise fail(
+                "args.include_num_input_tokens_seen",
+                tokens_seen,
+                "'no' (DPTrainer: the count of the sampled batches' tokens is a statistic of the "
+                "private data released without noise)",
+            )
+        if getattr(args, "neftune_noise_alpha", None):
+            raise fail(
+                "args.neftune_noise_alpha",
+                args.neftune_noise_alpha,
+                "None (DPTrainer: NEFTune scales its noise by the batch's padded length, so an "
+                "example's gradient would depend on the other examples of its batch)",
+            )
         if args.world_size > 1 or args.n_gpu > 1:
             raise fail(
                 "args.world_size",
@@ -748,6 +766,12 @@ class DPTrainer(transformers.Trainer):
         losses, _ = dp.accumulate(tuple(tensors.values()), labels)
         return (losses.detach().sum() / dp.expected_batch_size).to(self.args.device)
 
+    def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+        """0: the ``Trainer`` sums each batch's token count into ``total_flos`` (logged, and
+        saved in checkpoints), which would release the sampled batches' sizes without
+        noise."""
+        return 0
+
     # ------------------------------------------------------------------ privacy
     def epsilon(self, delta: float | None = None) -> float:
         """ε spent so far at ``delta`` (default ``target_delta``): the accountant's value for
@@ -763,6 +787,7 @@ class DPTrainer(transformers.Trainer):
         ``grad_norm``: the ``Trainer`` reads it before the private step sets ``.grad``)."""
         logs = dict(logs)
         logs.pop("grad_norm", None)  # of .grad before the private step: nothing there
+        logs.pop("total_flos", None)  # 0 here (see floating_point_ops): not a measurement
         if not self.log_train_loss:
             for key in ("loss", "train_loss"):
                 logs.pop(key, None)
