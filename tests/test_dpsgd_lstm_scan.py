@@ -105,13 +105,14 @@ def test_compiled_kernels_equal_autograd_in_float64(bias: bool, upstream: str) -
     ``h_n`` only, or at the output sequence only (the others None, as autograd passes them)."""
     dt = torch.float64
     gi, h0, c0, w_hh, b_hh, g_out, g_h, g_c = _case(dt, bias)
-    hs, acts, cs, tcs, h_n = decomposed._compiled_forward(gi, h0, c0, w_hh, b_hh)
+    hs, acts, cs, tcs, h_n, prev = decomposed._compiled_forward(gi, h0, c0, w_hh, b_hh)
     leaves = [t.clone().requires_grad_() for t in (gi, h0, c0)]
     ref = _reference(*leaves, w_hh, b_hh)
     torch.testing.assert_close(hs, ref[0], rtol=0, atol=1e-12)
     torch.testing.assert_close(h_n, ref[1], rtol=0, atol=1e-12)
     torch.testing.assert_close(cs[-1], ref[2], rtol=0, atol=1e-12)
     torch.testing.assert_close(tcs, torch.tanh(cs[1:]), rtol=0, atol=1e-12)
+    assert torch.equal(prev, decomposed._previous_states(h0, hs, None))
     ups = {"all": (g_out, g_h, g_c), "h_n": (None, g_h, None), "outputs": (g_out, None, None)}
     given = ups[upstream]
     pick = [k for k in range(3) if given[k] is not None]
@@ -511,6 +512,27 @@ def test_compiled_gru_float32_matches_float64_autograd() -> None:
     have = torch.autograd.grad(got, [mine[0], slot, mine[1]], [g_out.float(), g_h.float()])
     for r, o in zip(want, have, strict=True):
         torch.testing.assert_close(o.double(), r, rtol=2e-5, atol=2e-5)
+
+
+@needs_numba
+def test_scans_write_the_previous_states_of_packed_sequences() -> None:
+    """The state before each step that the LSTM and GRU kernels write (the hidden map's
+    recorded input) equals :func:`decomposed._previous_states` of their outputs, with and
+    without a packed mask (valid steps first, as in a forward direction, or last, as in a
+    reversed one: ``h_0`` after the invalid steps)."""
+    gi, h0, c0, w_hh, b_hh = _case(torch.float32, True)[:5]
+    valid = torch.ones(5, 9, dtype=torch.bool)
+    valid[1, 6:] = False
+    valid[3, :4] = False
+    for mask in (None, valid):
+        hs, *_, prev = decomposed._compiled_forward(gi, h0, c0, w_hh, b_hh, mask)
+        assert torch.equal(prev, decomposed._previous_states(h0, hs, mask))
+        g3 = gi[:, :, : 3 * 6].contiguous()
+        prevs: list[Tensor] = []
+        out, _ = decomposed._GRUScan.apply(
+            g3, torch.zeros_like(g3), h0, w_hh[: 3 * 6], b_hh[: 3 * 6], mask, prevs
+        )  # type: ignore[index]
+        assert torch.equal(prevs[0], decomposed._previous_states(h0, out, mask))
 
 
 class _PackedWithState(nn.Module):

@@ -681,6 +681,19 @@ if njit is not None:  # the compiled functions, defined only with numba
                 hs[b, t, :] = 0
 
     @njit(inline="always", error_model="numpy")
+    def _previous(prev, hs, h0, valid, masked, t):  # type: ignore[no-untyped-def]
+        """``prev[:, t]`` = the state before step ``t``: ``h0``, then the previous output;
+        with ``masked``, ``h0`` also after an invalid step (``decomposed._previous_states``:
+        each example's valid steps are consecutive)."""
+        for b in range(hs.shape[0]):
+            if t > 0 and (not masked or valid[b, t - 1] != 0):
+                for j in range(hs.shape[2]):
+                    prev[b, t, j] = hs[b, t - 1, j]
+            else:
+                for j in range(hs.shape[2]):
+                    prev[b, t, j] = h0[b, j]
+
+    @njit(inline="always", error_model="numpy")
     def _add_valid(dh, go, valid, masked, t):  # type: ignore[no-untyped-def]
         """``dh += go[:, t]`` on the valid rows (an invalid step's output is a constant)."""
         for b in range(dh.shape[0]):
@@ -693,10 +706,11 @@ if njit is not None:  # the compiled functions, defined only with numba
     # overlap between the arrays it writes and reads, by a bounded number of run-time checks.
 
     @_cached_jit(nogil=True, error_model="numpy", fastmath={"contract"})
-    def _lstm_forward(gi, b_hh, h0, c0, wt, valid, masked, acts, cs, tcs, hs, h, z, own):  # type: ignore[no-untyped-def]
+    def _lstm_forward(gi, b_hh, h0, c0, wt, valid, masked, acts, cs, tcs, hs, prev, h, z, own):  # type: ignore[no-untyped-def]
         """``gi`` ``[B, T, 4H]``, ``b_hh`` ``[4H]``, ``h0``/``c0`` ``[B, H]``, ``wt`` =
         ``W_hh^T`` ``[H, 4H]``; writes the gates ``acts`` ``[T, B, 4H]``, cell states ``cs``
-        ``[T + 1, B, H]``, ``tanh(c_t)`` ``tcs`` ``[T, B, H]``, outputs ``hs`` ``[B, T, H]``;
+        ``[T + 1, B, H]``, ``tanh(c_t)`` ``tcs`` ``[T, B, H]``, outputs ``hs`` ``[B, T, H]``,
+        the state before each step ``prev`` ``[B, T, H]`` (:func:`_previous`);
         ``h`` ``[B, H]`` and ``z`` ``[B, 4H]`` are scratch (``h`` ends as ``h_T``). With
         ``masked``, a step ``t`` of example ``b`` with ``valid[b, t] == 0`` keeps the states
         and outputs zero (its gates are zero), as torch's packed sequences. ``own``: the
@@ -707,6 +721,7 @@ if njit is not None:  # the compiled functions, defined only with numba
         cs[0, :, :] = c0
         bp = _panels_for(wt, own)
         for t in range(steps):
+            _previous(prev, hs, h0, valid, masked, t)
             _product(h, wt, bp, z, own)
             # indexed in full rather than through row views (z[b], ...): each view costs
             # reference counting in numba; 2-D/3-D indices do not (forward 410 -> 350 us of
@@ -783,17 +798,19 @@ if njit is not None:  # the compiled functions, defined only with numba
                 _product(s, w, bp, dh, own)
 
     @_cached_jit(nogil=True, error_model="numpy", fastmath={"contract"})
-    def _gru_forward(gi, b_hh, h0, wt, valid, masked, acts, ghn, hs, h, z, own):  # type: ignore[no-untyped-def]
+    def _gru_forward(gi, b_hh, h0, wt, valid, masked, acts, ghn, hs, prev, h, z, own):  # type: ignore[no-untyped-def]
         """GRU: ``gi`` ``[B, T, 3H]``, ``b_hh`` ``[3H]``, ``h0`` ``[B, H]``, ``wt`` =
         ``W_hh^T`` ``[H, 3H]``; writes the gates ``r, z, n`` ``acts`` ``[T, B, 3H]``, the
         hidden part of ``n``'s pre-activation ``W_hn h + b_hn`` ``ghn`` ``[T, B, H]`` and the
-        outputs ``hs`` ``[B, T, H]``; ``h`` ``[B, H]``, ``z`` ``[B, 3H]`` scratch. ``valid``,
+        outputs ``hs`` ``[B, T, H]``, ``prev`` as :func:`lstm_forward`'s; ``h`` ``[B, H]``,
+        ``z`` ``[B, 3H]`` scratch. ``valid``,
         ``masked``, ``own``: as :func:`lstm_forward`'s."""
         batch, steps, g3 = gi.shape
         hid = g3 // 3
         h[:, :] = h0
         bp = _panels_for(wt, own)
         for t in range(steps):
+            _previous(prev, hs, h0, valid, masked, t)
             _product(h, wt, bp, z, own)
             for b in range(batch):  # full indices, no row views (see lstm_forward)
                 if masked and valid[b, t] == 0:

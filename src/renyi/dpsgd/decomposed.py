@@ -277,8 +277,10 @@ def _fused_layer(
     mask = None if valid is None else (valid.flip(1) if reverse else valid)
     if module.mode == "LSTM":
         assert c0 is not None
-        out, h_n, c_n = _LSTMScan.apply(seq, h0, c0, w_hh, b_hh, mask)
+        prevs: list[Tensor] = []
+        out, h_n, c_n = _LSTMScan.apply(seq, h0, c0, w_hh, b_hh, mask, prevs)
         c_last: Tensor | None = c_n
+        prev = prevs[0]
     else:
         g = int(gi.shape[-1])
         # the weights enter detached, as in _LSTMScan: their per-example gradients come from
@@ -295,7 +297,7 @@ def _fused_layer(
             seq, h0.unsqueeze(0).to(gi.dtype), params, b_hh is not None, 1, 0.0, False, False, True
         )
         h_n, c_last = h_all[0], None
-    prev = _previous_states(h0, out, mask)
+        prev = _previous_states(h0, out, mask)
     if reverse:
         prev, out = prev.flip(1), out.flip(1)
     rec.record(hh_key, prev, gi_slot)
@@ -341,8 +343,9 @@ def _gru_layer(
     mask = None if valid is None else (valid.flip(1) if reverse else valid)
     slot_t = _GateSlot.apply(seq)
     slot = rec.register(slot_t) if slot_t.requires_grad else None
-    out, h_n = _GRUScan.apply(seq, slot_t, h0, w_hh, b_hh, mask)
-    rec.record(hh_key, _previous_states(h0, out, mask), slot)
+    prev: list[Tensor] = []
+    out, h_n = _GRUScan.apply(seq, slot_t, h0, w_hh, b_hh, mask, prev)
+    rec.record(hh_key, prev[0], slot)
     return (out.flip(1) if reverse else out), h_n
 
 
@@ -363,7 +366,9 @@ class _GRUScan(torch.autograd.Function):
     """The GRU recurrence from precomputed input projections ``gi`` ``[B, T, 3H]`` (torch's
     equations: ``r = sigmoid(gi_r + W_hr h + b_hr)``, ``z = sigmoid(gi_z + W_hz h + b_hz)``,
     ``n = tanh(gi_n + r (W_hn h + b_hn))``, ``h' = (1 - z) n + z h``), compiled
-    (:mod:`renyi.dpsgd._scan_kernels`). Returns the outputs ``[B, T, H]`` and ``h_n``; the
+    (:mod:`renyi.dpsgd._scan_kernels`). Returns the outputs ``[B, T, H]`` and ``h_n``, and
+    appends the state before each step ``[B, T, H]`` (:func:`_previous_states`, written by
+    the kernel) to ``prev_out`` when given; the
     backward returns the gradients at ``gi`` (the input map's output gradient), at ``slot``
     (the hidden map's, see :class:`_GateSlot`) and at ``h0``, none for the weights (the
     engine forms the per-example ones from the maps).
@@ -378,6 +383,7 @@ class _GRUScan(torch.autograd.Function):
         w_hh: Tensor,
         b_hh: Tensor | None,
         mask: Tensor | None = None,
+        prev_out: list[Tensor] | None = None,
     ) -> tuple[Tensor, Tensor]:
         dt = gi.dtype
         batch, steps, g3 = (int(v) for v in gi.shape)
@@ -391,25 +397,29 @@ class _GRUScan(torch.autograd.Function):
 
             bias = torch.zeros(g3, dtype=dt) if b_hh is None else b_hh.detach().to(dt).contiguous()
             acts, ghn, hs = new(steps, batch, g3), new(steps, batch, hid), new(batch, steps, hid)
+            prev = new(batch, steps, hid)
             args = (gi.detach().contiguous(), bias, h0d, w.t().contiguous())
             valid, masked = _mask_arg(mask)
             h = new(batch, hid)
-            outs = (acts, ghn, hs, h, new(batch, g3))
+            outs = (acts, ghn, hs, prev, h, new(batch, g3))
             threads = _blas_threads(batch, hid, g3)
-            old = _scan_kernels.blas_threads(threads)
+            own = _own(dt, threads)
+            old = [] if own else _scan_kernels.blas_threads(threads)
             try:
                 _scan_kernels.gru_forward(
                     *(_np(a) for a in args),
                     valid,
                     masked,
                     *(_np(a) for a in outs),
-                    _own(dt, threads),
+                    own,
                 )
             finally:
                 _scan_kernels.restore_blas_threads(old)
         ctx.save_for_backward(acts, ghn, hs, h0d, w)
         ctx.h0_dtype = h0.dtype
         ctx.mask = (valid, masked)
+        if prev_out is not None:
+            prev_out.append(prev)
         ctx.set_materialize_grads(False)
         return hs, h
 
@@ -426,16 +436,17 @@ class _GRUScan(torch.autograd.Function):
         dgi, dgh = torch.empty(batch, steps, g3, dtype=dt), torch.empty(batch, steps, g3, dtype=dt)
         s, tmp = torch.empty(batch, g3, dtype=dt), torch.empty(batch, hid, dtype=dt)
         threads = _blas_threads(batch, hid, g3)
-        old = _scan_kernels.blas_threads(threads)
+        own = _own(dt, threads)
+        old = [] if own else _scan_kernels.blas_threads(threads)
         try:
             _scan_kernels.gru_backward(
                 _np(acts), _np(ghn), _np(hs), _np(h0), _np(w.contiguous()), _np(go),
                 g_out is not None, *ctx.mask, _np(dh), _np(dgi), _np(dgh), _np(s), _np(tmp),
-                _own(dt, threads),
+                own,
             )  # fmt: skip
         finally:
             _scan_kernels.restore_blas_threads(old)
-        return dgi, dgh, dh.to(ctx.h0_dtype), None, None, None
+        return dgi, dgh, dh.to(ctx.h0_dtype), None, None, None, None
 
 
 def _tanh_into(x: Tensor, out: Tensor) -> None:
@@ -456,7 +467,10 @@ class _LSTMScan(torch.autograd.Function):
     """The LSTM recurrence from precomputed input projections ``gi`` ``[B, T, 4H]``.
 
     Forward: ``z_t = gi_t + W_hh h_{t-1} + b_hh``, gates ``i, f, g, o``, ``c_t = f c_{t-1} +
-    i g``, ``h_t = o tanh(c_t)`` (torch's equations), without autograd.
+    i g``, ``h_t = o tanh(c_t)`` (torch's equations), without autograd. Returns the outputs,
+    ``h_n`` and ``c_n``, and appends the state before each step ``[B, T, H]``
+    (:func:`_previous_states`: the input of the hidden map the engine records, written by
+    the compiled kernel) to ``prev_out`` when given.
     Backward: back-propagation through time by hand, returning ``dL/dgi = dL/dz`` (the gate
     gradients, which the engine reads at ``gi``'s gradient slot), batch-first and contiguous,
     and the gradients of the initial states. The weights' own gradients are not formed (the
@@ -481,19 +495,23 @@ class _LSTMScan(torch.autograd.Function):
         w_hh: Tensor,
         b_hh: Tensor | None,
         mask: Tensor | None = None,
+        prev_out: list[Tensor] | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         dt = gi.dtype
         with torch.autocast(gi.device.type, enabled=False), torch.no_grad():
             w = w_hh.detach().to(dt)
             # packed sequences (mask): the compiled kernels only (rnn_forward checks)
             if _compiled(gi) and (dt == torch.float32 or mask is not None):
-                hs, acts, cs, tcs, h_n = _compiled_forward(gi, h0, c0, w, b_hh, mask)
+                hs, acts, cs, tcs, h_n, prev = _compiled_forward(gi, h0, c0, w, b_hh, mask)
             else:
                 hs, acts, cs, tcs = _torch_forward(gi, h0, c0, w, b_hh)
                 h_n = hs[:, -1].clone()
+                prev = _previous_states(h0, hs, mask)
         ctx.save_for_backward(acts, cs, tcs, w)
         ctx.dtypes = (h0.dtype, c0.dtype)
         ctx.mask = mask
+        if prev_out is not None:
+            prev_out.append(prev)
         # outputs the loss does not use get None, not materialised zeros (a classifier on h_n)
         ctx.set_materialize_grads(False)
         return hs, h_n, cs[-1].clone()
@@ -507,7 +525,7 @@ class _LSTMScan(torch.autograd.Function):
             dz, dh, dc = _compiled_backward(acts, cs, tcs, w, g_out, g_h, g_c, ctx.mask)
         else:
             dz, dh, dc = _torch_backward(acts, cs, tcs, w, g_out, g_h, g_c)
-        return dz, dh.to(ctx.dtypes[0]), dc.to(ctx.dtypes[1]), None, None, None
+        return dz, dh.to(ctx.dtypes[0]), dc.to(ctx.dtypes[1]), None, None, None, None
 
 
 #: Whether :class:`_LSTMScan` may run the compiled kernels of
@@ -544,7 +562,8 @@ def _blas_threads(batch: int, hid: int, gates: int) -> int:
 
 def _own(dtype: torch.dtype, threads: int) -> bool:
     """Whether the scans' per-step products run on renyi's own float32 kernel
-    (:func:`renyi.dpsgd._scan_kernels.own_products`), else BLAS."""
+    (:func:`renyi.dpsgd._scan_kernels.own_products`), else BLAS (whose thread count is then
+    set for the call: :func:`_blas_threads`)."""
     return _scan_kernels.own_products(np.float32 if dtype == torch.float32 else np.float64, threads)
 
 
@@ -554,10 +573,12 @@ def _np(t: Tensor) -> np.ndarray:
 
 def _compiled_forward(
     gi: Tensor, h0: Tensor, c0: Tensor, w: Tensor, b_hh: Tensor | None, mask: Tensor | None = None
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """:func:`renyi.dpsgd._scan_kernels.lstm_forward`: outputs ``[B, T, H]``, gates
-    ``[T, B, 4H]``, cell states ``[T + 1, B, H]``, their ``tanh`` ``[T, B, H]`` and the
-    final hidden state; ``mask`` ``[B, T]``: the valid steps of packed sequences.
+    ``[T, B, 4H]``, cell states ``[T + 1, B, H]``, their ``tanh`` ``[T, B, H]``, the
+    final hidden state and the state before each step (:func:`_previous_states`, written
+    by the kernel: no ``torch.cat`` afterwards); ``mask`` ``[B, T]``: the valid steps of
+    packed sequences.
 
     Used for float32 only: in float64 the kernel's scalar C-library ``exp``/``tanh`` are
     slower than the torch loop with numpy's vectorised ``tanh`` (B = 64, T = 32, H = 64:
@@ -583,18 +604,19 @@ def _compiled_forward(
         c0.detach().to(dt).contiguous(),
         w.t().contiguous(),
     )
-    h = new(batch, hid)
-    outs = (acts, cs, tcs, hs, h, new(batch, g4))
+    h, prev = new(batch, hid), new(batch, steps, hid)
+    outs = (acts, cs, tcs, hs, prev, h, new(batch, g4))
     valid, masked = _mask_arg(mask)
     threads = _blas_threads(batch, hid, g4)
-    old = _scan_kernels.blas_threads(threads)
+    own = _own(dt, threads)
+    old = [] if own else _scan_kernels.blas_threads(threads)
     try:
         _scan_kernels.lstm_forward(
-            *(_np(a) for a in ins), valid, masked, *(_np(a) for a in outs), _own(dt, threads)
+            *(_np(a) for a in ins), valid, masked, *(_np(a) for a in outs), own
         )
     finally:
         _scan_kernels.restore_blas_threads(old)
-    return hs, acts, cs, tcs, h
+    return hs, acts, cs, tcs, h, prev
 
 
 def _compiled_backward(
@@ -623,7 +645,8 @@ def _compiled_backward(
     dz = torch.empty(batch, steps, g4, dtype=dt)
     scratch = torch.empty(batch, g4, dtype=dt)
     threads = _blas_threads(batch, hid, g4)
-    old = _scan_kernels.blas_threads(threads)
+    own = _own(dt, threads)
+    old = [] if own else _scan_kernels.blas_threads(threads)
     try:
         _scan_kernels.lstm_backward(
             _np(acts),
@@ -638,7 +661,7 @@ def _compiled_backward(
             _np(dz),
             _np(scratch),
             _np(torch.empty(batch, hid, dtype=dt)),
-            _own(dt, threads),
+            own,
         )
     finally:
         _scan_kernels.restore_blas_threads(old)
