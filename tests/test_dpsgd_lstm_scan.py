@@ -639,10 +639,23 @@ def test_own_float32_products_are_float32_dot_products(shape: tuple[int, int, in
     c = np.full((m, n), np.nan, dtype=np.float32)
     _scan_kernels.matmul32(a, b, c)
     assert np.all(np.abs(c - a64 @ b64) <= bound)
-    # a^T b: the clipped sums' kernel, a given as [K, M] (passes of 128 rows of k)
+    # a^T b: the clipped sums' kernel, a given as [K, M] (passes of 128 rows of k), with
+    # no scaling (one weight 1) and with a weight per group of rows (2, 3 or 5 groups: the
+    # b-entries scaled, fl(b s), before their products)
+    at = np.ascontiguousarray(a.T)
     c = np.full((m, n), np.nan, dtype=np.float32)
-    _scan_kernels.matmul_tn32(np.ascontiguousarray(a.T), b, c)
+    _scan_kernels.matmul_tn32(at, b, c, np.ones(1, dtype=np.float32))
     assert np.all(np.abs(c - a64 @ b64) <= bound)
+    if k:
+        groups = next(g for g in (2, 3, 5, 1) if k % g == 0)
+        w = rng.uniform(0.1, 1.0, groups).astype(np.float32)
+        s = np.repeat(w, k // groups)
+        scaled = (b * s[:, None]).astype(np.float64)  # fl(b s), as the kernel rounds it
+        c = np.full((m, n), np.nan, dtype=np.float32)
+        _scan_kernels.matmul_tn32(at, b, c, w)
+        assert np.all(
+            np.abs(c - a64 @ scaled) <= (k + 1) * 2.0**-24 * (np.abs(a64) @ np.abs(scaled))
+        )
 
 
 @needs_numba
@@ -693,24 +706,27 @@ def test_gram_dots_equal_float64_products_past_float32_range() -> None:
 
 @needs_numba
 def test_clipped_sums_by_own_kernel_equal_float64(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The sequence maps' clipped sums ``b^T (w a)`` by the own kernel (LSTM-shaped: ``[B T,
-    4H]`` gate gradients, ``[B T, H]`` inputs, ``B T = 300``, more than two passes of 128)
-    against float64, and the cases it leaves to oneDNN/torch (rows not whole tiles, float64,
-    kernels off)."""
+    """The sequence maps' clipped sums ``sum_i w_i b_i^T a_i`` by the own kernel
+    (LSTM-shaped: ``[B, T, 4H]`` gate gradients, ``[B, T, H]`` inputs, ``B T = 300``, more
+    than two passes of 128) against float64, and the cases it leaves to oneDNN/torch (rows
+    not whole tiles, float64, kernels off)."""
     g = torch.Generator().manual_seed(5)
-    b = torch.randn(300, 256, generator=g)
-    a = torch.randn(300, 64, generator=g)
-    want = b.double().t() @ a.double()
-    bound = 301 * 2.0**-24 * (b.double().abs().t() @ a.double().abs())
-    assert ghost._own_tn_applies(b, a) == _scan_kernels.OWN_PRODUCTS
-    assert not ghost._own_tn_applies(b[:, :255].contiguous(), a)  # o not a multiple of 4
-    assert not ghost._own_tn_applies(b.double(), a.double())
-    got = ghost._weight_sum(b, a)
+    b = torch.randn(6, 50, 256, generator=g)
+    a = torch.randn(6, 50, 64, generator=g)
+    w = torch.rand(6, generator=g)
+    aw = (a * w[:, None, None]).double().reshape(-1, 64)  # w rounded in as the kernel does
+    want = b.double().reshape(-1, 256).t() @ aw
+    bound = 301 * 2.0**-24 * (b.double().reshape(-1, 256).abs().t() @ aw.abs())
+    b2, a2 = b.reshape(-1, 256), a.reshape(-1, 64)
+    assert ghost._own_tn_applies(b2, a2) == _scan_kernels.OWN_PRODUCTS
+    assert not ghost._own_tn_applies(b2[:, :255].contiguous(), a2)  # o not a multiple of 4
+    assert not ghost._own_tn_applies(b2.double(), a2.double())
+    got = ghost._weight_sum(b, a, w)
     assert got.dtype == torch.float32
     assert bool(((got.double() - want).abs() <= bound).all())
     monkeypatch.setattr(_scan_kernels, "OWN_PRODUCTS", False)
-    assert not ghost._own_tn_applies(b, a)
-    torch.testing.assert_close(ghost._weight_sum(b, a).double(), want, rtol=1e-5, atol=1e-3)
+    assert not ghost._own_tn_applies(b2, a2)
+    torch.testing.assert_close(ghost._weight_sum(b, a, w).double(), want, rtol=1e-5, atol=1e-3)
 
 
 @needs_numba

@@ -590,18 +590,32 @@ if njit is not None:  # the compiled functions, defined only with numba
     _TN_DEPTH = 128  # rows of a and b per pass: b's 64-column panel (32 KiB) stays in L1
 
     @_cached_jit(error_model="numpy", fastmath={"contract"})
-    def _matmul_tn32(a, b, c):  # type: ignore[no-untyped-def]
-        """``c = a^T @ b`` (float32, C-contiguous ``a`` ``[K, M]``, ``b`` ``[K, N]``, ``c``
-        ``[M, N]`` not overlapping them) by tiles, in passes over 128 rows of ``a`` and ``b``
-        that add into ``c`` (each entry is still the sum in order of ``k``)."""
+    def _matmul_tn32(a, b, c, w):  # type: ignore[no-untyped-def]
+        """``c = a^T diag(s) b`` (float32, C-contiguous ``a`` ``[K, M]``, ``b`` ``[K, N]``,
+        ``c`` ``[M, N]`` not overlapping them; ``s[k] = w[k // (K / len(w))]``: the rows in
+        ``len(w)`` equal groups, each scaled by one ``w``, e.g. the positions of each example
+        by its clipping weight; ``len(w)`` divides ``K``) by tiles, in passes over 128 rows
+        of ``a`` and ``b`` that add into ``c``. Each pass's rows of ``b`` are scaled first,
+        into a scratch block that all its tiles read (``128 N`` products against the
+        tiles' ``128 N M``), so each entry is ``sum_k a[k, i] fl(b[k, j] s[k])`` in order of
+        ``k``, one rounding per term."""
         depth, m = a.shape
         n = b.shape[1]
         m4 = m - m % 4
         n64 = n - n % _PANEL
         n16 = n - n % _VEC
         c[:, :] = 0
+        if depth == 0:
+            return
+        period = depth // w.shape[0]
+        block = np.empty((min(depth, _TN_DEPTH), n), dtype=np.float32)
         for k0 in range(0, depth, _TN_DEPTH):
-            ak, bk = a[k0 : k0 + _TN_DEPTH], b[k0 : k0 + _TN_DEPTH]
+            rows = min(_TN_DEPTH, depth - k0)
+            ak, bk = a[k0 : k0 + rows], block[:rows]
+            for k in range(rows):
+                sk = w[(k0 + k) // period]
+                for j in range(n):
+                    bk[k, j] = b[k0 + k, j] * sk
             for j in range(0, n64, _PANEL):
                 for i in range(0, m4, 4):
                     _tile44ta(ak, bk, c, i, j, j)
@@ -615,7 +629,7 @@ if njit is not None:  # the compiled functions, defined only with numba
             for i in range(m):
                 for j in range(n16, n):
                     acc = c[i, j]
-                    for k in range(ak.shape[0]):
+                    for k in range(rows):
                         acc += ak[k, i] * bk[k, j]
                     c[i, j] = acc
 

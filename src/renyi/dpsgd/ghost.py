@@ -557,15 +557,23 @@ def _own_tn_applies(b: Tensor, a: Tensor) -> bool:
     )
 
 
-def _weight_sum(b: Tensor, a: Tensor) -> Tensor:
-    """``b^T a`` for ``b`` ``[N, o]`` and ``a`` ``[N, d]`` (a sequence map's clipped sum):
-    by the scans' float32 tiles where :func:`_own_tn_applies`, else
+def _weight_sum(b: Tensor, a: Tensor, w: Tensor) -> Tensor:
+    """``sum_i w_i b_i^T a_i`` for ``b`` ``[B, T, o]``, ``a`` ``[B, T, d]`` and the clipping
+    weights ``w`` ``[B]`` (a sequence map's clipped sum): by the scans' float32 tiles where
+    :func:`_own_tn_applies` (``b``'s entries scaled by their example's weight inside the
+    kernel), else ``b^T (w a)`` (or ``(w b)^T a`` when ``d >= o``) by
     :func:`renyi.dpsgd._onednn.mm_t`."""
-    if _own_tn_applies(b, a):
-        out = torch.empty(b.shape[1], a.shape[1], dtype=torch.float32)
-        _scan_kernels.matmul_tn32(b.numpy(), a.numpy(), out.numpy())
+    o, d = int(b.shape[2]), int(a.shape[2])
+    b2, a2 = b.reshape(-1, o), a.reshape(-1, d)
+    w = w.to(b.dtype)
+    if _own_tn_applies(b2, a2) and w.is_contiguous() and w.dtype == torch.float32:
+        out = torch.empty(o, d, dtype=torch.float32)
+        _scan_kernels.matmul_tn32(b2.numpy(), a2.numpy(), out.numpy(), w.numpy())
         return out
-    return _onednn.mm_t(b, a)
+    w3 = w[:, None, None]
+    if d < o:
+        return _onednn.mm_t(b2, (a * w3).reshape(-1, d))
+    return _onednn.mm_t((b * w3).reshape(-1, o), a2)
 
 
 class _SeqLinearGrads:
@@ -618,15 +626,12 @@ class _SeqLinearGrads:
     def weighted_sum(self, weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
         res: dict[str, Tensor] = {}
         a, b = self.a, self.b
-        o, d = b.shape[2], a.shape[2]
         if "weight" in self.names:
-            w = weights["weight"].to(b.dtype)[:, None, None]
+            w = weights["weight"].to(b.dtype)
             if self.per_example is not None:
-                res["weight"] = torch.tensordot(w.reshape(-1), self.per_example, dims=([0], [0]))
-            elif d < o:
-                res["weight"] = _weight_sum(b.reshape(-1, o), (a * w).reshape(-1, d))
+                res["weight"] = torch.tensordot(w, self.per_example, dims=([0], [0]))
             else:
-                res["weight"] = _weight_sum((b * w).reshape(-1, o), a.reshape(-1, d))
+                res["weight"] = _weight_sum(b, a, w)
         if "bias" in self.names:
             sums = self.shared.bias_grads() if self.shared is not None else b.sum(dim=1)
             res["bias"] = torch.mv(sums.t(), weights["bias"].to(b.dtype))
@@ -748,10 +753,7 @@ class LinearMapGrads:
         return res
 
     def weighted_sum(self, weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        res = {
-            n: torch.zeros(p.shape, dtype=compute_dtype(p.dtype), device=p.device)
-            for n, p in self.params.items()
-        }
+        res: dict[str, Tensor] = {}
         for (w_name, w_rows, b_name, b_rows), sub in self.parts:
             local = {"weight": w_name, "bias": b_name}
             ws = sub.weighted_sum(
@@ -760,8 +762,17 @@ class LinearMapGrads:
             for k, v in ws.items():
                 name, rows = (w_name, w_rows) if k == "weight" else (b_name, b_rows)
                 assert name is not None
-                target = res[name] if rows is None else res[name][rows[0] : rows[1]]
+                p = self.params[name]
+                if rows is None:  # the only map of this parameter (overlaps are refused)
+                    res[name] = v.reshape(p.shape).to(compute_dtype(p.dtype))
+                    continue
+                if name not in res:
+                    res[name] = torch.zeros(p.shape, dtype=compute_dtype(p.dtype), device=p.device)
+                target = res[name][rows[0] : rows[1]]
                 target += v.reshape(target.shape).to(target.dtype)
+        for n, p in self.params.items():  # parameters no map used
+            if n not in res:
+                res[n] = torch.zeros(p.shape, dtype=compute_dtype(p.dtype), device=p.device)
         return res
 
 
