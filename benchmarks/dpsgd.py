@@ -238,6 +238,7 @@ def make_step(model_name: str, config: str) -> Callable[[], None]:
             max_grad_norm=1.0,
             criterion=criterion,
         )
+        popt.unlink_data_loaders()  # the timed step reuses one batch, not the loader's
         if config == "renyi-randn":  # NOT secure: to show what the secure noise costs
             popt.release_noisy_sum = lambda flat: flat + popt.noise_std() * torch.randn_like(flat)
         release = popt.release_noisy_sum

@@ -210,6 +210,7 @@ def run_cost(rounds: int = 10) -> None:
             seed=0,
             self_check=c,
         )[:2]
+        runs[c][1].unlink_data_loaders()  # the timed step reuses one batch
     x, y = torch.randn(64, 1, 8, 8), torch.randint(0, 10, (64,))
     times = {c: [] for c in runs}
     for _ in range(rounds):

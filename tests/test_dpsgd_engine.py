@@ -140,6 +140,7 @@ def test_backward_through_the_unwrapped_model_is_refused() -> None:
 
 def test_empty_poisson_batch_through_backward_is_a_noise_only_step() -> None:
     model, optimizer, loader, _ = _private(make="plain")
+    optimizer.unlink_data_loaders()  # a batch chosen here (empty), not drawn
     x, y = loader.dataset.tensors
     optimizer.zero_grad()
     out = model(x[:0])
@@ -157,6 +158,7 @@ def test_leave_one_out_sensitivity_through_backward_and_step() -> None:
     updates = []
     for keep in (slice(0, 9), slice(0, 8)):
         model, optimizer, _loader, _ = _private(make="plain")
+        optimizer.unlink_data_loaders()  # batches chosen here, not drawn
         before = [p.detach().clone() for p in model.parameters()]
         optimizer.zero_grad()
         nn.CrossEntropyLoss()(model(x[keep] * 50.0), y[keep]).backward()  # large gradients

@@ -69,6 +69,7 @@ def _private(model: nn.Module, x: Tensor, y: Tensor, **kwargs: Any) -> tuple[Any
         seed=0,
         **kwargs,
     )
+    opt.unlink_data_loaders()  # batches chosen by the tests, not drawn from the loader
     return module, opt
 
 

@@ -36,7 +36,11 @@ Defects these tests found on main (each failed there):
   when the model or the collator draws random numbers (dropout, masked-LM masking);
 * DPTrainer released ``total_flos`` (the sampled batches' token counts, without noise) in
   its logs and checkpoints, accepted ``include_num_input_tokens_seen`` (the same count) and
-  NEFTune (noise scaled by the batch's padded length).
+  NEFTune (noise scaled by the batch's padded length);
+* the private optimizer handed to a plain ``transformers.Trainer`` (``optimizers=(opt,
+  None)``) stepped on the ``Trainer``'s own shuffled fixed-size batches and reported the
+  Poisson ε of the loader it never used (a second step on one batch was also released
+  before the next draw refused it).
 
 Checked and found sound on main (see the report): ``peft`` prefix tuning (a case of the
 adapter test), LoRA with ``use_rslora`` on ``"all-linear"``, ``modules_to_save`` heads
@@ -487,3 +491,56 @@ def test_dptrainer_logs_and_state_carry_no_unnoised_batch_statistics(tmp_path: P
     for name, value in (("include_num_input_tokens_seen", True), ("neftune_noise_alpha", 5.0)):
         with pytest.raises(PrivacyParameterError, match=name):
             _trainer(_llama(), rows, tmp_path, args={name: value})
+
+
+def test_the_private_optimizer_in_a_plain_trainer_is_refused(tmp_path: Path) -> None:
+    """``make_private`` then ``transformers.Trainer(..., optimizers=(optimizer, None))`` with
+    a ``compute_loss`` returning ``model(**inputs).loss``: the ``Trainer`` feeds batches from
+    its own loader (shuffled, fixed size). On main the private optimizer took 3 steps and
+    reported ε = 4.42 for Poisson sampling at q = 1/4, which those batches never had. Now the
+    first step is refused (no batch was drawn from the private loader): nothing released."""
+    from torch.utils.data import DataLoader
+
+    from renyi.dpsgd import PrivacyEngine
+
+    rows = _rows(_batch()) * 4
+
+    def collate(batch: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+        return {k: torch.stack([r[k] for r in batch]) for k in batch[0]}
+
+    model = _llama()
+    module, optimizer, _ = PrivacyEngine(accountant="rdp").make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(rows, batch_size=B, collate_fn=collate),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        seed=0,
+    )
+
+    class Plain(transformers.Trainer):
+        def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            return model(**inputs).loss
+
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=B,
+        max_steps=3,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        use_cpu=True,
+        remove_unused_columns=False,
+    )
+    trainer = Plain(
+        model=module,
+        args=args,
+        train_dataset=rows,
+        data_collator=collate,
+        optimizers=(optimizer, None),
+    )
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(PrivacyParameterError, match="private data loader"):
+        trainer.train()
+    assert optimizer.steps_taken == 0
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))

@@ -532,6 +532,7 @@ def audit_capture(
             criterion=criterion,
             seed=seed,
         )
+        opt.unlink_data_loaders()  # the audit forces its batches (canaries in or out)
         if capture_factory is not None:
             opt.capture.remove() if hasattr(opt.capture, "remove") else None
             opt.capture = capture_factory(model, max_grad_norm=clip, loss_reduction=reduction)

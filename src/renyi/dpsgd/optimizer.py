@@ -792,6 +792,7 @@ class DPOptimizer(torch.optim.Optimizer):
             self._mid_batch = True
             return None
         self._mid_batch = False
+        self._check_drawn()
         if self.budget is not None:  # the gate: refuses before any noise is drawn or released
             due = self.event_at(self.steps_taken)
             if due is not None:
@@ -803,6 +804,41 @@ class DPOptimizer(torch.optim.Optimizer):
         if self.capture is not None:  # what it saw this step is spent (or superseded)
             self.capture.zero_grad()
         return result
+
+    def _check_drawn(self) -> None:
+        """Refuse a release unless a batch was drawn for it from the private data loader this
+        optimizer was made with (when one is linked: a loader without worker processes).
+        The accountant charges that loader's sampling (e.g. Poisson with rate ``q``) once per
+        batch; a batch of another loader (a ``transformers.Trainer`` given this optimizer
+        builds its own, shuffled and of fixed size) or a second step on one batch would be
+        released under a guarantee it does not have."""
+        linked = [b for b in self._linked_batches if getattr(b, "_optimizer", None) is self]
+        if not linked:
+            return
+        step = self.steps_taken + 1
+        if any(b.batches_drawn >= step - b._step_base for b in linked):
+            return
+        drawn = max(b.batches_drawn - (self.steps_taken - b._step_base) for b in linked)
+        self._drop_batch()
+        raise fail(
+            "training loop",
+            f"step {step} with {max(drawn, 0)} new batches drawn from the private data loader",
+            "exactly one optimizer.step() per batch drawn from the data loader make_private "
+            "returned (its sampling is what ε accounts for: batches of a loader of your own, "
+            "e.g. the one a transformers.Trainer builds, are not, and a second step on one "
+            "batch is not a second sample); iterate that loader, or use "
+            "renyi.dpsgd.hf.DPTrainer (audits feeding chosen batches: "
+            "unlink_data_loaders()); nothing was released",
+        )
+
+    def unlink_data_loaders(self) -> None:
+        """Stop checking that every step has a batch drawn from the private loaders linked
+        to this optimizer (white-box audits and tests that feed batches of their choice: the
+        reported ε then does not describe how those batches were chosen)."""
+        for batches in self._linked_batches:
+            if getattr(batches, "_optimizer", None) is self:
+                batches._optimizer = None
+        self._linked_batches.clear()
 
     def _check_plan(self) -> None:
         if self.max_steps is None or self.allow_exceeding_target:
