@@ -639,6 +639,9 @@ def test_own_float32_products_are_float32_dot_products(shape: tuple[int, int, in
     c = np.full((m, n), np.nan, dtype=np.float32)
     _scan_kernels.matmul32(a, b, c)
     assert np.all(np.abs(c - a64 @ b64) <= bound)
+    if k > 1:  # the tiles read a's rows as vectors: strided rows are refused
+        with pytest.raises(ValueError, match="contiguous"):
+            _scan_kernels.matmul32(a[:, ::2], b[: (k + 1) // 2], c)
     # a^T b: the clipped sums' kernel, a given as [K, M] (passes of 128 rows of k), with
     # no scaling (one weight 1) and with a weight per group of rows (2, 3 or 5 groups: the
     # b-entries scaled, fl(b s), before their products)

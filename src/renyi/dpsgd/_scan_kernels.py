@@ -298,13 +298,14 @@ if njit is not None:  # the compiled functions, defined only with numba
         def tile(typingctx, a, b, c, i0, jb, jc):  # type: ignore[no-untyped-def]
             """``c[i0:i0 + rows, jc:jc + 16 vecs] = a[i0:i0 + rows] @ b[:, jb:jb + 16 vecs]``
             (``a_t``: ``a[:, i0:i0 + rows]^T @ ...``, ``a`` ``[K, M]``), ``a``, ``b``, ``c``
-            2-D C-contiguous float32; no bounds checks (the caller keeps the tile inside the
-            arrays)."""
+            2-D float32, ``b`` and ``c`` C-contiguous, ``a``'s rows contiguous (any row
+            stride: a view ``x[:, t, :]`` of a contiguous ``x``; the caller guarantees it);
+            no bounds checks (the caller keeps the tile inside the arrays)."""
             arrays = (a, b, c)
             if not all(
                 isinstance(x, types.Array)
                 and x.ndim == 2
-                and x.layout == "C"
+                and (x.layout == "C" or (x is a and x.layout == "A"))
                 and x.dtype == types.float32
                 for x in arrays
             ):
@@ -418,8 +419,11 @@ if njit is not None:  # the compiled functions, defined only with numba
 
     @njit(inline="always", error_model="numpy", fastmath={"contract"})
     def _matmul_tiles(a, b, bp, c):  # type: ignore[no-untyped-def]
-        """``c = a @ b`` in float32 by tiles, ``bp = _panels(b)``."""
+        """``c = a @ b`` in float32 by tiles, ``bp = _panels(b)``; ``a``'s rows must be
+        contiguous (checked: the tiles read them as vectors)."""
         m, depth = a.shape
+        if depth > 1 and a.strides[1] != 4:
+            raise ValueError("matmul tiles: the rows of a must be contiguous")
         n = b.shape[1]
         m4 = m - m % 4
         full = bp.shape[0] * _PANEL
@@ -655,6 +659,36 @@ if njit is not None:  # the compiled functions, defined only with numba
             return impl
         return lambda b, own: np.empty((0, b.shape[0], _PANEL), dtype=b.dtype)
 
+    def _product_at(x, t, s, b, bp, c, own):  # type: ignore[no-untyped-def]  # pragma: no cover
+        raise NotImplementedError
+
+    @overload(_product_at)
+    def _product_at_impl(x, t, s, b, bp, c, own):  # type: ignore[no-untyped-def]
+        """``c = x[:, t, :] @ b`` for ``x`` ``[B, T, K]`` C-contiguous: with ``own`` in
+        float32 the tiles read the rows of ``x[:, t, :]`` where they are (no copy); else
+        they are copied into the scratch ``s`` ``[B, K]`` for BLAS (``np.dot`` takes
+        contiguous arrays only)."""
+        if x.dtype == types.float32 and x.layout == "C" and b.layout == "C" and c.layout == "C":
+
+            def impl(x, t, s, b, bp, c, own):  # type: ignore[no-untyped-def]
+                if own:
+                    _matmul_tiles(x[:, t, :], b, bp, c)
+                else:
+                    for i in range(x.shape[0]):
+                        for k in range(x.shape[2]):
+                            s[i, k] = x[i, t, k]
+                    np.dot(s, b, c)
+
+            return impl
+
+        def blas(x, t, s, b, bp, c, own):  # type: ignore[no-untyped-def]
+            for i in range(x.shape[0]):
+                for k in range(x.shape[2]):
+                    s[i, k] = x[i, t, k]
+            np.dot(s, b, c)
+
+        return blas
+
     @overload(_product)
     def _product_impl(a, b, bp, c, own):  # type: ignore[no-untyped-def]
         """``c = a @ b``: by tiles with ``own`` in float32 (C-contiguous arrays), else BLAS
@@ -781,35 +815,35 @@ if njit is not None:  # the compiled functions, defined only with numba
         for t in range(steps - 1, -1, -1):
             if has_go:
                 _add_valid(dh, go, valid, masked, t)
+            # the gate gradients go to dz[:, t] directly; the product reads them there
             for b in range(batch):  # full indices, no row views (see the forward)
                 if masked and valid[b, t] == 0:
-                    s[b, :] = 0
+                    dz[b, t, :] = 0
                     continue
                 for j in range(hid):  # dc_t += dh_t o (1 - tanh(c_t)^2)
                     tc = tcs[t, b, j]
                     dc[b, j] += dh[b, j] * acts[t, b, 3 * hid + j] * (one - tc * tc)
                 for j in range(hid):  # d i
                     i = acts[t, b, j]
-                    s[b, j] = dc[b, j] * acts[t, b, 2 * hid + j] * (i - i * i)
+                    dz[b, t, j] = dc[b, j] * acts[t, b, 2 * hid + j] * (i - i * i)
                 for j in range(hid):  # d f
                     f = acts[t, b, hid + j]
-                    s[b, hid + j] = dc[b, j] * cs[t, b, j] * (f - f * f)
+                    dz[b, t, hid + j] = dc[b, j] * cs[t, b, j] * (f - f * f)
                 for j in range(hid):  # d g
                     g = acts[t, b, 2 * hid + j]
-                    s[b, 2 * hid + j] = dc[b, j] * acts[t, b, j] * (one - g * g)
+                    dz[b, t, 2 * hid + j] = dc[b, j] * acts[t, b, j] * (one - g * g)
                 for j in range(hid):  # d o
                     o = acts[t, b, 3 * hid + j]
-                    s[b, 3 * hid + j] = dh[b, j] * tcs[t, b, j] * (o - o * o)
+                    dz[b, t, 3 * hid + j] = dh[b, j] * tcs[t, b, j] * (o - o * o)
                 for j in range(hid):  # dc_{t-1}
                     dc[b, j] *= acts[t, b, hid + j]
-            _copy_rows(s, dz, t)
             if masked:  # dh_{t-1} = dz_t W_hh where the step is valid, else dh_t
-                _product(s, w, bp, tmp, own)
+                _product_at(dz, t, s, w, bp, tmp, own)
                 for b in range(batch):
                     if valid[b, t] != 0:
                         dh[b, :] = tmp[b]
             else:
-                _product(s, w, bp, dh, own)
+                _product_at(dz, t, s, w, bp, dh, own)
 
     @_cached_jit(nogil=True, error_model="numpy", fastmath={"contract"})
     def _gru_forward(gi, b_hh, h0, wt, valid, masked, acts, ghn, hs, prev, h, z, own):  # type: ignore[no-untyped-def]
