@@ -35,8 +35,9 @@ Defects these tests found on main (each failed there):
 * a DPTrainer run resumed mid-epoch from a checkpoint diverged from the uninterrupted run
   when the model or the collator draws random numbers (dropout, masked-LM masking);
 * DPTrainer released ``total_flos`` (the sampled batches' token counts, without noise) in
-  its logs and checkpoints, accepted ``include_num_input_tokens_seen`` (the same count) and
-  NEFTune (noise scaled by the batch's padded length);
+  its logs and checkpoints, and the unnoised training loss from ``train()``; it accepted
+  ``include_num_input_tokens_seen`` (the same count) and NEFTune (noise scaled by the
+  batch's padded length);
 * the private optimizer handed to a plain ``transformers.Trainer`` (``optimizers=(opt,
   None)``) stepped on the ``Trainer``'s own shuffled fixed-size batches and reported the
   Poisson ε of the loader it never used (a second step on one batch was also released
@@ -544,3 +545,17 @@ def test_the_private_optimizer_in_a_plain_trainer_is_refused(tmp_path: Path) -> 
         trainer.train()
     assert optimizer.steps_taken == 0
     assert all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+
+
+def test_train_returns_no_unnoised_training_loss(tmp_path: Path) -> None:
+    """DPTrainer leaves the training loss out of its logs (an unnoised statistic of the
+    private batches), but on main ``train()`` returned it (``training_loss`` and
+    ``metrics["train_loss"]``, 2.68 here), which Hugging Face's example scripts print and
+    save (``trainer.save_metrics("train", metrics)``). Now NaN / absent, unless
+    ``log_train_loss=True``."""
+    rows = _rows(_batch()) * 4
+    output = _trainer(_llama(), rows, tmp_path).train()
+    assert math.isnan(output.training_loss)
+    assert "train_loss" not in output.metrics
+    logged = _trainer(_llama(), rows, tmp_path / "b", log_train_loss=True).train()
+    assert logged.training_loss > 0 and logged.metrics["train_loss"] == logged.training_loss

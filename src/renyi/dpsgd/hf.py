@@ -724,7 +724,9 @@ class DPTrainer(transformers.Trainer):
     ) -> Any:
         """``Trainer.train``; refused (our error, nothing changed) when this trainer has
         already taken private steps and no checkpoint is given: its sampler's planned
-        batches are spent, and a second private optimizer would account from zero."""
+        batches are spent, and a second private optimizer would account from zero. Unless
+        ``log_train_loss``, the returned ``training_loss`` is NaN and ``metrics`` has no
+        ``train_loss`` (an unnoised statistic of the private batches)."""
         dp = self.dp_optimizer
         if dp is not None and dp.steps_taken and not resume_from_checkpoint:
             raise fail(
@@ -734,7 +736,13 @@ class DPTrainer(transformers.Trainer):
                 "make a new DPTrainer (its epsilon adds to this one's) or resume from a "
                 "checkpoint",
             )
-        return super().train(resume_from_checkpoint, *args, **kwargs)
+        output = super().train(resume_from_checkpoint, *args, **kwargs)
+        if self.log_train_loss or not hasattr(output, "_replace"):
+            return output
+        # the mean training loss is computed from the private batches without noise: not
+        # returned either (example scripts print and save train() metrics)
+        metrics = {k: v for k, v in dict(output.metrics or {}).items() if k != "train_loss"}
+        return output._replace(training_loss=math.nan, metrics=metrics)
 
     def training_step(
         self,
