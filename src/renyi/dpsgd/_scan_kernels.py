@@ -446,6 +446,32 @@ if njit is not None:  # the compiled functions, defined only with numba
                     acc += a[i, k] * b[k, j]
                 c[i, j] = acc
 
+    def _transpose_tree() -> tuple[list[tuple[list[int], list[int]]], list[int]]:
+        """Shuffle masks that reduce 16 vectors of 16 lanes to one vector of their 16 sums
+        (each level adds the two halves of every lane group of a pair of vectors, after
+        placing them side by side: 4 levels, 15 vector additions and 30 shuffles, against 16
+        separate reductions of 4 levels each), and the lane order that puts the sums in the
+        order of the vectors."""
+        masks = []
+        ids = [[v] * _VEC for v in range(_VEC)]  # the sum each lane of each vector adds to
+        g = _VEC
+        while len(ids) > 1:
+            lo: list[int] = []
+            hi: list[int] = []
+            for q in range(_VEC // g):
+                half = range(g // 2)
+                lo += [q * g + i for i in half] + [_VEC + q * g + i for i in half]
+                hi += [q * g + g // 2 + i for i in half] + [_VEC + q * g + g // 2 + i for i in half]
+            masks.append((lo, hi))
+            ids = [[(u + v)[i] for i in lo] for u, v in zip(ids[::2], ids[1::2], strict=True)]
+            g //= 2
+        return masks, [ids[0].index(v) for v in range(_VEC)]
+
+    _TREE_MASKS, _TREE_ORDER = _transpose_tree()
+
+    def undef_v(vt: Any) -> Any:
+        return ir.Constant(vt, ir.Undefined)
+
     def _make_gram_tile(rows: int) -> Any:
         @intrinsic
         def gram_tile(typingctx, x, g, i0, j0):  # type: ignore[no-untyped-def]
@@ -522,6 +548,39 @@ if njit is not None:  # the compiled functions, defined only with numba
                         acc[r][c].add_incoming(nxt[r][c], builder.block)
                 builder.branch(head)
                 builder.position_at_end(done)
+                if rows * rows == _VEC:  # 16 sums at once: the transposing tree below
+                    i32 = ir.IntType(32)
+                    vs = [acc[r][c] for r in range(rows) for c in range(rows)]
+                    for lo, hi in _TREE_MASKS:
+                        vs = [
+                            builder.fadd(
+                                builder.shuffle_vector(
+                                    u, v, ir.Constant(ir.VectorType(i32, _VEC), lo)
+                                ),
+                                builder.shuffle_vector(
+                                    u, v, ir.Constant(ir.VectorType(i32, _VEC), hi)
+                                ),
+                            )
+                            for u, v in zip(vs[::2], vs[1::2], strict=True)
+                        ]
+                    sums = builder.shuffle_vector(
+                        vs[0], undef_v(vt), ir.Constant(ir.VectorType(i32, _VEC), _TREE_ORDER)
+                    )
+                    row_t = ir.VectorType(f32, rows)
+                    for r in range(rows):
+                        part = builder.shuffle_vector(
+                            sums,
+                            undef_v(vt),
+                            ir.Constant(
+                                ir.VectorType(i32, rows), list(range(r * rows, (r + 1) * rows))
+                            ),
+                        )
+                        off_g = builder.add(
+                            builder.mul(builder.add(i0, const(r)), sg_), builder.mul(j0, const(4))
+                        )
+                        ptr = builder.bitcast(builder.gep(pg, [off_g]), row_t.as_pointer())
+                        builder.store(part, ptr, align=4)
+                    return context.get_dummy_value()
                 reduce = cgutils.get_or_insert_function(
                     builder.module,
                     ir.FunctionType(f32, [f32, vt]),
