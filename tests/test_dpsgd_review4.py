@@ -41,7 +41,10 @@ Defects these tests found on main (each failed there):
 * the private optimizer handed to a plain ``transformers.Trainer`` (``optimizers=(opt,
   None)``) stepped on the ``Trainer``'s own shuffled fixed-size batches and reported the
   Poisson ε of the loader it never used (a second step on one batch was also released
-  before the next draw refused it).
+  before the next draw refused it);
+* a batch of one example through a Hugging Face model's own token loss raised torch's raw
+  ``IndexError`` in the loss analysis; an empty Poisson batch had no way through (the
+  models raise torch's raw reshape error on zero rows, and skipping the step is refused).
 
 Checked and found sound on main (see the report): ``peft`` prefix tuning (a case of the
 adapter test), LoRA with ``use_rslora`` on ``"all-linear"``, ``modules_to_save`` heads
@@ -559,3 +562,80 @@ def test_train_returns_no_unnoised_training_loss(tmp_path: Path) -> None:
     assert "train_loss" not in output.metrics
     logged = _trainer(_llama(), rows, tmp_path / "b", log_train_loss=True).train()
     assert logged.training_loss > 0 and logged.metrics["train_loss"] == logged.training_loss
+
+
+def test_an_empty_poisson_batch_steps_without_a_forward_on_hf_models() -> None:
+    """Hugging Face models raise torch's raw ``RuntimeError: cannot reshape tensor of 0
+    elements`` on a batch of zero rows, which Poisson sampling draws; on main the Opacus loop
+    had no way through: the forward raised, and skipping the batch (``continue``) is refused
+    at the next draw. Now the forward of an empty batch is refused with our error saying
+    what to do, and ``optimizer.step()`` without a forward on an empty batch drawn from the
+    private loader releases the noise-only step (accounted; ε equals the accountant's)."""
+    from torch.utils.data import DataLoader
+
+    from renyi.accountants import make_accountant
+    from renyi.dpsgd import PrivacyEngine
+    from renyi.events import GaussianEvent, PoissonSampledEvent
+
+    rows = _rows(_batch()) * 4
+
+    def collate(batch: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+        if not batch:  # an empty Poisson batch: zero rows of each column
+            return {k: v[:0] for k, v in _batch().items()}
+        return {k: torch.stack([r[k] for r in batch]) for k in batch[0]}
+
+    model = _llama()
+    module, optimizer, loader = PrivacyEngine(accountant="rdp").make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(rows, batch_size=1, collate_fn=collate),  # q = 1/24
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        seed=0,
+    )
+    empty = full = 0
+    for batch in loader:
+        optimizer.zero_grad()
+        if len(batch["input_ids"]) == 0:
+            if empty == 0:
+                with pytest.raises(PrivacyParameterError, match="empty batch"):
+                    module(**batch)
+            before = [p.detach().clone() for p in model.parameters()]
+            optimizer.step()  # noise only
+            assert not all(
+                torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True)
+            )
+            empty += 1
+        else:
+            module(**batch).loss.backward()
+            optimizer.step()
+            full += 1
+        if empty >= 2 and full >= 1:
+            break
+    assert empty >= 2 and full >= 1
+    event = PoissonSampledEvent(1 / len(rows), GaussianEvent(1.0))
+    want = make_accountant("rdp").compose(event, empty + full).epsilon(1e-5).epsilon
+    assert optimizer.epsilon(1e-5).epsilon == want
+
+
+def test_a_batch_of_one_through_the_models_own_token_loss() -> None:
+    """A batch of one example (Poisson batches and micro-batches of one are common) through
+    ``model(**batch).loss.backward()``: on main the loss analysis mapped the flattened token
+    terms as if each were an example and raised torch's raw ``IndexError: index out of range
+    in self``. Now the captured sum is that example's own gradient (unclipped, C large), and
+    clipped to C."""
+    batch = {k: v[1:2] for k, v in _batch().items()}
+    model = _llama()
+    params = [p for p in model.parameters() if p.requires_grad]
+    want = torch.cat([g.flatten() for g in torch.autograd.grad(model(**batch).loss, params)])
+    for clip in (1e6, 0.1):
+        cap = PerExampleCapture(model, max_grad_norm=clip)
+        try:
+            model(**batch).loss.backward()
+            got, n, _ = cap.pop_clipped_sum()
+        finally:
+            cap.remove()
+        flat = torch.cat([v.flatten() for v in got.values()])
+        assert n == 1
+        scale = min(1.0, clip / (float(want.norm()) * (1 + 1e-6)))
+        torch.testing.assert_close(flat, want * scale, rtol=1e-4, atol=1e-7)

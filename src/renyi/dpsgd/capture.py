@@ -403,6 +403,15 @@ class PerExampleCapture:
         if not tensors or tensors[0].ndim == 0:
             raise fail("model input", type(args).__name__, "a tensor batched along dim 0")
         batch = int(tensors[0].shape[input_batch_dim(tensors[0], self.batch_first)])
+        if batch == 0 and _cannot_run_empty(module):
+            raise fail(
+                "model input",
+                f"an empty batch for {type(module).__name__} (Hugging Face models cannot run "
+                "on zero rows; Poisson sampling draws empty batches)",
+                "a non-empty batch: skip the forward and backward of an empty batch of the "
+                "private loader, but call optimizer.step(), which releases the noise-only step "
+                "the sampler drew (skipping the step would reveal that the batch was empty)",
+            )
         rec = _Recording(self.engine._layers, hooks=True)
         self._holder[0] = rec
         call = _Call(module, args, kwargs, batch, self.batch_first)
@@ -593,6 +602,18 @@ class PerExampleCapture:
                 "requires grad: nothing to clip"
             )
         return torch.cat([p.to(parts[0].dtype) for p in parts], dim=1)
+
+
+def _cannot_run_empty(module: nn.Module) -> bool:
+    """Whether ``module`` is a Hugging Face model (or a ``peft`` model around one): their
+    forward raises torch's raw reshape error on a batch of zero rows."""
+    import sys
+
+    get = getattr(module, "get_base_model", None)
+    base = get() if callable(get) else module
+    transformers = sys.modules.get("transformers")
+    pretrained = getattr(transformers, "PreTrainedModel", None)
+    return pretrained is not None and isinstance(base, pretrained)
 
 
 def _traced(t: Tensor) -> Tensor:

@@ -519,8 +519,8 @@ class LossPlan:
         """Example of every term of ``r`` (int64, shape ``r.shape``)."""
         shape, b = r.shape, self.batch
         dev = self._device(r)
-        if len(shape) == 0:
-            return torch.zeros((), dtype=torch.long, device=dev)
+        if len(shape) == 0 or b <= 1:  # a batch of one: every term is example 0's
+            return torch.zeros(shape, dtype=torch.long, device=dev)
         lead = torch.arange(shape[0], device=dev)
         if r.layout == "batch":
             idx = lead

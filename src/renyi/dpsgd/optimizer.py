@@ -831,6 +831,18 @@ class DPOptimizer(torch.optim.Optimizer):
             "unlink_data_loaders()); nothing was released",
         )
 
+    def _drew_empty_batch(self) -> bool:
+        """Whether this step's batch, drawn from a linked private loader, is empty (Poisson
+        sampling draws empty batches; Hugging Face models cannot run on zero rows, so its
+        step comes without a forward: it releases noise only, as an empty batch does)."""
+        step = self.steps_taken + 1
+        return any(
+            getattr(b, "_optimizer", None) is self
+            and b.batches_drawn == step - b._step_base
+            and getattr(b, "last_size", None) == 0
+            for b in self._linked_batches
+        )
+
     def unlink_data_loaders(self) -> None:
         """Stop checking that every step has a batch drawn from the private loaders linked
         to this optimizer (white-box audits and tests that feed batches of their choice: the
@@ -901,6 +913,13 @@ class DPOptimizer(torch.optim.Optimizer):
             if type(exc).__name__ != "MissingGradientError":
                 self._drop_batch()
                 raise  # a refused model or input (e.g. ExampleMixingError): its own error
+            if self._drew_empty_batch():  # nothing to run the model on: a noise-only step
+                zeros = {
+                    n: torch.zeros(p.shape, dtype=_sum_dtype(p.dtype), device=p.device)
+                    for n, p in zip(self._param_names, self._params, strict=True)
+                }
+                self._add_sums(zeros, 0, fresh=True)
+                return
             raise UnclippedGradientError(
                 f"step() refused: no per-example gradients were captured for this step ({exc}); "
                 "nothing was released"
@@ -1065,3 +1084,8 @@ def _restore_in_place(accountant: Any, restored: Any) -> None:
     optimizer) sees the restored state."""
     accountant.__dict__.clear()
     accountant.__dict__.update(restored.__dict__)
+
+
+def _sum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a clipped sum for a parameter of ``dtype`` (float32 for half types)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype

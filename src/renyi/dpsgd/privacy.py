@@ -237,6 +237,9 @@ class PlannedBatchSampler:
         self._drawn = 0
         self._optimizer: Any = None
         self._step_base = 0
+        #: size of the last batch drawn (None before the first): an empty one may be stepped
+        #: without a forward (models that cannot run on zero rows)
+        self.last_size: int | None = None
 
     def link(self, optimizer: Any) -> None:
         """Check, before each batch is drawn, that every batch drawn so far was stepped.
@@ -297,6 +300,7 @@ class PlannedBatchSampler:
             for batch in self.sampler:
                 self._check_stepped()
                 self._drawn += 1
+                self.last_size = len(batch)
                 yield batch
             return
         if self._it is None:
@@ -305,6 +309,7 @@ class PlannedBatchSampler:
             self._check_stepped()
             batch = next(self._it)
             self._drawn += 1
+            self.last_size = len(batch)
             yield batch
 
     def resync(self) -> None:
