@@ -723,6 +723,7 @@ def test_clipped_sums_by_own_kernel_equal_float64(monkeypatch: pytest.MonkeyPatc
     b2, a2 = b.reshape(-1, 256), a.reshape(-1, 64)
     assert ghost._own_tn_applies(b2, a2) == _scan_kernels.OWN_PRODUCTS
     assert not ghost._own_tn_applies(b2[:, :255].contiguous(), a2)  # o not a multiple of 4
+    assert not ghost._own_tn_applies(b2, torch.randn(300, 256))  # d past 128: oneDNN
     assert not ghost._own_tn_applies(b2.double(), a2.double())
     got = ghost._weight_sum(b, a, w)
     assert got.dtype == torch.float32

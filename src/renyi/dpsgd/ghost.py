@@ -537,20 +537,24 @@ def _own_tn_applies(b: Tensor, a: Tensor) -> bool:
     """Whether :func:`_weight_sum` computes ``b^T a`` (``b`` ``[N, o]``, ``a`` ``[N, d]``) by
     :func:`renyi.dpsgd._scan_kernels.matmul_tn32`: the scans' float32 tiles on a CPU with
     AVX-512 (``_scan_kernels.OWN_PRODUCTS``), both operands contiguous float32 CPU tensors,
-    ``o`` a multiple of 4 and ``d`` of 16 (whole tiles), one torch thread or a product below
-    2**23 multiply-adds (the kernel runs on one thread), no autocast, not traced by
-    ``torch.compile``.
+    ``o`` a multiple of 4 and ``d`` of 16 (whole tiles) and at most 128, one torch thread or
+    a product below 2**23 multiply-adds (the kernel runs on one thread), no autocast, not
+    traced by ``torch.compile``.
 
     Why: oneDNN's product (:func:`renyi.dpsgd._onednn.mm_t`) takes both operands
-    transposed and copies them first. One thread, AMD EPYC Zen 5, medians of 60 thread-time
-    samples (load 1.7): ``[2048, 256]^T x [2048, 64]`` (an LSTM's gates, B = 64, T = 32,
-    H = 64) 274 us against 496 us, ``[2048, 192]^T x [2048, 64]`` (a GRU's) 209 against
-    380, ``[2048, 64]^T x [2048, 64]`` 72 against 145, ``[4096, 256]^T x [4096, 256]`` 2.7
-    against 3.0 ms; equal at ``[8192, 512]^T x [8192, 512]``."""
+    transposed and copies them first. One thread, AMD EPYC Zen 5, thread-time medians (load
+    1.2-1.7), ``[N, o]^T x [N, d]``, own against oneDNN: ``[2048, 256]^T x [2048, 64]`` (an
+    LSTM's gates, B = 64, T = 32, H = 64) 274 us against 496 us, ``[2048, 192]^T x [2048,
+    64]`` (a GRU's) 209 against 380, ``[2048, 64]^T x [2048, 64]`` 72 against 145,
+    ``[1024, 3072]^T x [1024, 64]`` 2.2 against 4.3 ms, ``[512, 512]^T x [512, 128]`` 332
+    against 407 us. Wider ``d`` (the kernel's 128-row passes of ``a`` then exceed the L1
+    cache) lose or tie: ``[512, 512]^T x [512, 256]`` 810 against 669 us, ``[1024, 768]^T x
+    [1024, 768]`` 6.7 against 5.5 ms, ``[1024, 3072]^T x [1024, 768]`` 38 against 22 ms."""
     n, o, d = int(b.shape[0]), int(b.shape[1]), int(a.shape[1])
     return (
         o % 4 == 0
         and d % 16 == 0
+        and d <= 128
         and n > 0
         and (torch.get_num_threads() == 1 or n * o * d < 1 << 23)
         and _own_kernels_apply(a, b)
