@@ -44,7 +44,9 @@ Defects these tests found on main (each failed there):
   before the next draw refused it);
 * a batch of one example through a Hugging Face model's own token loss raised torch's raw
   ``IndexError`` in the loss analysis; an empty Poisson batch had no way through (the
-  models raise torch's raw reshape error on zero rows, and skipping the step is refused).
+  models raise torch's raw reshape error on zero rows, and skipping the step is refused);
+* full fine-tuning of Gemma (tied, scaled embeddings) in DPTrainer raised torch's raw
+  ``vmap`` ``.item()`` error from the whole-model fall-back.
 
 Checked and found sound on main (see the report): ``peft`` prefix tuning (a case of the
 adapter test), LoRA with ``use_rslora`` on ``"all-linear"``, ``modules_to_save`` heads
@@ -639,3 +641,36 @@ def test_a_batch_of_one_through_the_models_own_token_loss() -> None:
         assert n == 1
         scale = min(1.0, clip / (float(want.norm()) * (1 + 1e-6)))
         torch.testing.assert_close(flat, want * scale, rtol=1e-4, atol=1e-7)
+
+
+def test_tied_gemma_in_dptrainer_is_refused_with_our_error(tmp_path: Path) -> None:
+    """Gemma ties its LM head to a scaled embedding (a subclass of ``nn.Embedding`` without
+    a per-example rule), so renyi falls back to whole-model ``vmap``, which cannot run the
+    model (Hugging Face's mask construction calls ``.item()``). On main DPTrainer's first
+    step raised torch's raw "vmap: It looks like you're either (1) calling .item() ...".
+    Now our error, saying why and what to do (untie or freeze, LoRA); untied, it trains
+    (leave-one-out below C)."""
+    from renyi.dpsgd.grad_sample import UnsupportedModelError
+
+    def gemma(tie: bool) -> nn.Module:
+        config = transformers.GemmaConfig(
+            vocab_size=V,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+            max_position_embeddings=32,
+            pad_token_id=0,
+            tie_word_embeddings=tie,
+        )
+        torch.manual_seed(0)
+        return transformers.GemmaForCausalLM(config)
+
+    batch = _batch()
+    trainer = _trainer(gemma(True), _rows(batch), tmp_path)
+    trainer.create_optimizer()
+    with pytest.raises(UnsupportedModelError, match="tie_word_embeddings=False"):
+        trainer.training_step(trainer.model, dict(batch))
+    assert trainer_leave_one_out(lambda: gemma(False), batch, tmp_path) <= 1.0

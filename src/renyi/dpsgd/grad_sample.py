@@ -316,6 +316,21 @@ def _functorch_errors(what: str, whole_model: bool) -> Iterator[None]:
                 "renyi.dpsgd.register_grad_sampler, or train with grad_sample_mode='vmap' "
                 "(mode='vmap')"
             ) from None
+        if "vmap" in text and (".item()" in text or "data-dependent control flow" in text):
+            where = (
+                "(renyi runs the whole model per example when the layer-wise path cannot: a "
+                "trainable parameter shared by modules, e.g. tied input/output embeddings whose "
+                "embedding has no per-example rule, or used outside its module): untie or "
+                "freeze it (tie_word_embeddings=False, or LoRA adapters), or register a "
+                "per-sample rule with renyi.dpsgd.register_grad_sampler"
+                if whole_model
+                else "register a per-sample rule with renyi.dpsgd.register_grad_sampler"
+            )
+            raise UnsupportedModelError(
+                f"torch.func cannot run {what} per example: its forward branches on a tensor's "
+                "value (.item() or data-dependent control flow, e.g. Hugging Face's attention "
+                f"mask construction) {where}; nothing was released"
+            ) from None
         raise
 
 
