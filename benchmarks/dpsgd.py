@@ -21,9 +21,12 @@ Two parts, both with ``torch.set_num_threads(1)``:
    Configurations: ``non-private`` (the same loop with the plain optimizer); ``renyi``
    (``renyi.dpsgd.PrivacyEngine.make_private``, the loop unchanged: per-example clipping
    captured from ``loss.backward()``, **secure noise** from ``renyi.noise``; on the CPU in
-   float32 renyi's own matrix products go through oneDNN, ``renyi.dpsgd._onednn``);
-   ``renyi-torch-kernels`` (the same with those products by torch's default kernels, the
-   ones the non-private step uses: the cost of privacy itself, apart from faster kernels);
+   float32 renyi's own products run on its faster CPU kernels: oneDNN's products,
+   ``renyi.dpsgd._onednn``; the per-example convolution kernel, ``_conv_kernels``; the
+   AVX-512 tiles of the recurrent scans, clipped sums and Grams, ``_scan_kernels``);
+   ``renyi-torch-kernels`` (the same with all three switched off: products by torch's and
+   OpenBLAS's default kernels, those the non-private step uses: the cost of privacy itself,
+   apart from faster kernels);
    ``renyi-randn`` (the same with the noise drawn by ``torch.randn``: NOT secure, to show
    what the noise costs; labelled so in every table); ``opacus-hooks`` and ``opacus-ghost``
    (Opacus 1.6's ``PrivacyEngine.make_private``, ``ModuleValidator.fix`` first as an Opacus
@@ -224,11 +227,14 @@ def make_step(model_name: str, config: str) -> Callable[[], None]:
         return step
     loader = DataLoader(TensorDataset(x, y), batch_size=size)
     if config.startswith("renyi"):
-        from renyi.dpsgd import PrivacyEngine, _onednn
+        from renyi.dpsgd import PrivacyEngine, _conv_kernels, _onednn, _scan_kernels
 
-        # renyi-torch-kernels: renyi's products by torch's default kernels (the non-private
-        # step's), not oneDNN's: the cost of privacy itself, apart from the faster kernels
-        _onednn.ENABLED = config != "renyi-torch-kernels"
+        # renyi-torch-kernels: renyi's products by torch's and OpenBLAS's default kernels
+        # (the non-private step's), none of renyi's own: the cost of privacy itself, apart
+        # from the faster kernels
+        own = config != "renyi-torch-kernels"
+        _onednn.ENABLED = _conv_kernels.ENABLED = own
+        _scan_kernels.OWN_PRODUCTS = own and _scan_kernels.OWN_PRODUCTS
 
         pmodel, popt, _ = PrivacyEngine(accountant="rdp").make_private(
             module=model,
