@@ -16,6 +16,9 @@ Defects these tests found on main (each failed there):
   Hugging Face's ``num_items_in_batch`` (counted over the micro-batches of a logical batch,
   or any count that is not this batch's) made each example's loss a mean in one batch and a
   sum in its neighbour: leave-one-out **1.0117 C** (Llama) and **1.060 C** (token model);
+* the same with an unmasked sum divided by a constant (``mse_loss(reduction="sum") /
+  (expected batch size × outputs)``): 1.10 C; a flattened token ``.mean()`` of per-token
+  losses was refused at random as "mixes the examples";
 * ``peft``'s DoRA (``use_dora=True``) raised torch's raw "A view was created in no_grad
   mode ..." on both paths: the per-layer ``vmap`` gradient of the magnitude vector carried a
   graph to the LoRA factors the DoRA layer calls;
@@ -263,6 +266,40 @@ def test_token_sum_over_a_public_constant_is_not_batch_dependent() -> None:
         return F.cross_entropy(o.view(-1, K), t.view(-1), reduction="sum") / count
 
     assert torch_leave_one_out(_tokens, x, y, loss) <= 1.0
+
+
+def test_unmasked_sum_over_the_expected_batch_size_is_not_batch_dependent() -> None:
+    """``mse_loss(..., reduction="sum") / (expected batch size × outputs)``: normalising by a
+    public constant is the DP habit; on main the analysis called the sum a per-example
+    *mean* in the batches whose number of terms happened to equal the constant and a *sum*
+    in the others: leave-one-out 1.10 C. Now an unmasked sum stays a sum whatever it is
+    divided by (``kl_div``'s ``batchmean`` and ``/ B`` keep their per-example sums)."""
+    from test_dpsgd_losses import K, _class_data, _mlp
+
+    x, y = _class_data()
+    expected = x.shape[0] * K
+
+    def loss(o: Tensor, t: Tensor) -> Tensor:
+        return F.mse_loss(o, F.one_hot(t, K).to(o.dtype), reduction="sum") / expected
+
+    assert torch_leave_one_out(_mlp, x, y, loss) <= 1.0
+
+
+def test_a_flattened_token_mean_is_not_refused_as_mixing() -> None:
+    """``cross_entropy(logits.view(-1, V), labels.view(-1), reduction="none").mean()``: on
+    main the probe mapped token term ``k`` to example ``k`` (the layout was never looked
+    up, the weights not needing it) and refused the loss as "mixes the examples" at random.
+    Now the layout is found for the probe; leave-one-out below C, three times."""
+    from test_dpsgd_losses import K, _token_data, _tokens
+
+    x, y = _token_data()
+
+    def loss(o: Tensor, t: Tensor) -> Tensor:
+        flat = F.cross_entropy(o.view(-1, K), t.view(-1).clamp_min(0), reduction="none")
+        return flat.mean()
+
+    for _ in range(3):  # the probe picks a random term
+        assert torch_leave_one_out(_tokens, x, y, loss) <= 1.0
 
 
 @pytest.mark.parametrize("kind", list(PEFT))

@@ -27,11 +27,12 @@ This module replaces the batch normalisation by a per-example one, from the grap
    where ``red_R`` is the sum of R's terms for a sum, and their mean over the example's
    *counted* terms for a mean (counted: not ``ignore_index``; the class or element weights
    stay on the terms, so ``CrossEntropyLoss(weight=w)`` gives ``w[y_i] l_i``); a sum over
-   counted terms followed by any division (``loss.sum() / mask.sum()``, ``/
-   num_items_in_batch``) is a mean, so is a sum of unmasked terms divided by their number
-   (label smoothing's smoothing term): decided from structure and shapes, never from the
-   divisor's value (a count of other micro-batches' tokens would make the choice, hence
-   every example's loss, depend on the batch). ``rho_R`` is the product of the factors
+   counted terms (``ignore_index``, ``(terms * mask).sum()``) followed by any division
+   (``/ mask.sum()``, ``/ num_items_in_batch``) is a mean, a sum of unmasked terms stays a
+   sum whatever it is divided by (``/ B``, ``batchmean``): decided from the graph's
+   structure, never from the divisor's value (a count of other micro-batches' tokens, or a
+   constant that equals the number of terms only in some batches, would make the choice,
+   hence every example's loss, depend on the batch). ``rho_R`` is the product of the factors
    the loss is *multiplied* by on the way from R (constants such as label smoothing's
    ``1 - eps``, a weight of an auxiliary loss, a ``GradScaler``'s loss scale); every
    *division* of the reduced loss is dropped, because any of them may be a batch quantity
@@ -431,6 +432,8 @@ class Reduction:
     weights_total: Tensor | None = None
     owner_batch: int = 0
     layout: str = "batch"  # how terms map to examples: batch (dim 0), flat, seqfirst
+    #: whether ``layout`` was found (False: not needed for the weights, unknown to the probe)
+    mapped: bool = True
 
 
 def _nll_parts(r: Reduction) -> tuple[Tensor, Tensor, Tensor, Tensor | None] | None:
@@ -672,7 +675,8 @@ class LossPlan:
                     bad |= (~torch.isfinite(rows)).any(dim=1).cpu()
             expected = int(self._example_index(r).reshape(-1)[k]) if r.shape else 0
             where = torch.nonzero(hit).flatten().tolist()
-            if len(where) > 1 or (where and r.mode == "mean" and where[0] != expected):
+            mismatch = where and r.mode == "mean" and r.mapped and where[0] != expected
+            if len(where) > 1 or mismatch:
                 if bool(bad.any()):
                     # a NaN/inf in an example's forward (e.g. in its data) reaches other
                     # terms' probes as 0 * NaN = NaN in a batched backward: refused all the
@@ -906,32 +910,25 @@ def _mask_from_product(r: Reduction) -> None:
 def _finish(r: Reduction, paths: list[_Path]) -> None:
     """Decide sum vs mean and the constant factor from the paths to the loss.
 
-    The decision must not depend on the batch's values (else adding one example could turn
-    every other example's loss from a sum into a mean): a sum over *counted* terms (an NLL
-    loss with ``ignore_index``, ``(terms * mask).sum()``) divided by anything is a mean over
-    each example's counted terms, whatever the divisor's value (``/ mask.sum()``, ``/
-    num_items_in_batch`` counted over several micro-batches, ``/ B``); a sum of unmasked
-    terms is a mean when divided by their number (``numel``, a shape), else a sum."""
-    counts: set[float] = set()
-    if any(p.divisors for p in paths):  # the counts matter only to a division
-        counts.add(float(_numel(r.shape)))
+    The decision must not depend on the batch's values or size (else adding one example
+    could turn every other example's loss from a sum into a mean). A sum over *counted*
+    terms (an NLL loss with ``ignore_index``, ``(terms * mask).sum()``) followed by any
+    division is a mean over each example's counted terms, whatever the divisor's value
+    (``/ mask.sum()``, ``/ num_items_in_batch`` counted over several micro-batches, ``/ B``);
+    a sum of unmasked terms stays a sum whatever it is divided by (``/ B``, ``kl_div``'s
+    ``batchmean``, a constant such as the expected batch size times the output size, which
+    equals the realised number of terms only in some batches)."""
     modes, rho = set(), 0.0
     for p in paths:
         mode = r.mode
         if mode == "sum" and p.divisors and r.counted is not None:
-            mode = "mean"  # a masked sum, normalised: a mean over each example's own terms
-        elif mode == "sum" and any(_close(d, c) for d in p.divisors for c in counts):
-            mode = "mean"  # a sum divided by its own number of terms: a mean
+            mode = "mean"  # a normalised masked sum: a mean over each example's own terms
         modes.add(mode)
         rho += p.factor  # the divisions are not used: any of them may be a batch quantity
     if len(modes) > 1:
         raise _fix(r.name, "uses one reduction both as a sum and as a mean")
     r.mode = modes.pop()
     r.rho = rho
-
-
-def _close(a: float, b: float) -> bool:
-    return b > 0 and abs(a - b) <= 1e-6 * max(1.0, abs(b))
 
 
 def _share_masks(reductions: list[Reduction]) -> None:
@@ -1008,7 +1005,11 @@ def _decide_layout(r: Reduction, batch: int, seams: Mapping[Any, SeamInfo]) -> N
         r.layout = "batch"
         return
     if r.mode == "sum" or (r.counted is None and _numel(shape) % batch == 0):
-        r.layout = "batch"  # the per-example weights do not depend on the mapping
+        # the per-example weights do not depend on the mapping; the probe's check of which
+        # example a term belongs to does: found where it can be
+        found = _find_flatten(r, shape[0], batch, seams) if shape[0] % batch == 0 else None
+        r.layout = found or "batch"
+        r.mapped = found is not None
         return
     lead = shape[0]
     if lead % batch == 0:
