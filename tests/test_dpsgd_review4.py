@@ -49,7 +49,9 @@ Defects these tests found on main (each failed there):
   ``IndexError`` in the loss analysis; an empty Poisson batch had no way through (the
   models raise torch's raw reshape error on zero rows, and skipping the step is refused);
 * full fine-tuning of Gemma (tied, scaled embeddings) in DPTrainer raised torch's raw
-  ``vmap`` ``.item()`` error from the whole-model fall-back.
+  ``vmap`` ``.item()`` error from the whole-model fall-back;
+* a DPTrainer resumed from a checkpoint without ``optimizer.pt`` (``save_only_model=True``)
+  restarted the accountant: ε reported for the resumed steps only (3.87 instead of 4.87).
 
 Checked and found sound on main (see the report): ``peft`` prefix tuning (a case of the
 adapter test), LoRA with ``use_rslora`` on ``"all-linear"``, ``modules_to_save`` heads
@@ -711,3 +713,19 @@ def test_tied_gemma_in_dptrainer_is_refused_with_our_error(tmp_path: Path) -> No
     with pytest.raises(UnsupportedModelError, match="tie_word_embeddings=False"):
         trainer.training_step(trainer.model, dict(batch))
     assert trainer_leave_one_out(lambda: gemma(False), batch, tmp_path) <= 1.0
+
+
+def test_resuming_a_checkpoint_without_the_private_optimizer_state_is_refused(
+    tmp_path: Path,
+) -> None:
+    """``save_only_model=True`` (or a checkpoint copied without ``optimizer.pt``): on main
+    the ``Trainer`` loaded the weights trained for 2 private steps and silently started a
+    fresh accountant: ``epsilon()`` = 3.87 (the 2 resumed steps) for a model trained with
+    4 (ε = 4.87). Now refused with our error before anything is trained."""
+    rows = _rows(_batch()) * 4
+    args = {"max_steps": 4, "save_strategy": "steps", "save_steps": 2, "save_only_model": True}
+    _trainer(_llama(), rows, tmp_path / "a", args=args).train()
+    resumed = _trainer(_llama(), rows, tmp_path / "b", args=args)
+    with pytest.raises(PrivacyParameterError, match=r"optimizer\.pt"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-2"))
+    assert resumed.epsilon() == 0.0 and resumed.state.global_step == 0

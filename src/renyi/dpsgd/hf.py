@@ -54,7 +54,8 @@ modules other than layers with per-example rules (tied input/output embeddings, 
 BERT's LM heads, are trained: their per-example gradients are the sum of both uses'), models
 whose per-example loss is unknown without ``per_example_loss=``, a ``compute_loss``
 override or ``compute_loss_func=`` (never called here: give ``per_example_loss=``), a
-second ``train()`` without a checkpoint (the planned steps are spent),
+second ``train()`` without a checkpoint (the planned steps are spent), resuming from a checkpoint
+without ``optimizer.pt`` (``save_only_model=True``: ε would restart from zero),
 ``include_num_input_tokens_seen`` (an unnoised count of the sampled tokens), NEFTune
 (``neftune_noise_alpha``: its noise scale is the batch's padded length), ``peft`` prompt
 tuning and p-tuning (the virtual tokens are embedded once and repeated over the batch:
@@ -736,6 +737,8 @@ class DPTrainer(transformers.Trainer):
                 "make a new DPTrainer (its epsilon adds to this one's) or resume from a "
                 "checkpoint",
             )
+        if resume_from_checkpoint:
+            self._check_resumable(resume_from_checkpoint)
         output = super().train(resume_from_checkpoint, *args, **kwargs)
         if self.log_train_loss or not hasattr(output, "_replace"):
             return output
@@ -743,6 +746,27 @@ class DPTrainer(transformers.Trainer):
         # returned either (example scripts print and save train() metrics)
         metrics = {k: v for k, v in dict(output.metrics or {}).items() if k != "train_loss"}
         return output._replace(training_loss=math.nan, metrics=metrics)
+
+    def _check_resumable(self, checkpoint: str | bool) -> None:
+        """Refuse a checkpoint without the private optimizer's state (``save_only_model``,
+        or ``optimizer.pt`` removed): the ``Trainer`` would load the trained weights and
+        silently start a fresh accountant, reporting ε for the resumed steps only."""
+        import os
+
+        from transformers.trainer_utils import get_last_checkpoint
+
+        path = get_last_checkpoint(self.args.output_dir) if checkpoint is True else checkpoint
+        if not isinstance(path, str) or not os.path.isdir(path):
+            return  # the Trainer's own error (no checkpoint found)
+        name = getattr(transformers.trainer, "OPTIMIZER_NAME", "optimizer.pt")
+        if not os.path.isfile(os.path.join(path, name)):
+            raise fail(
+                "resume_from_checkpoint",
+                path,
+                f"a checkpoint with the private optimizer's state ({name}: the accountant, "
+                "the sampler's position, the noise state); without it the trained weights "
+                "would be resumed with ε counted from zero (save_only_model=False)",
+            )
 
     def training_step(
         self,
