@@ -57,7 +57,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.grad import conv2d_weight
 
-from renyi.dpsgd import _conv_kernels, _onednn, _scan_kernels
+from renyi._validation import fail
+from renyi.dpsgd import _conv_kernels, _embedding_kernels, _onednn, _scan_kernels
 from renyi.dpsgd.grad_sample import UnsupportedModelError, autocast_enabled
 
 __all__ = [
@@ -1191,19 +1192,76 @@ class _ConvGrads:
 
 
 class _EmbeddingGrads:
-    """Example ``i``'s gradient adds ``b_it`` to row ``idx_it``; rows are summed per example."""
+    """Example ``i``'s gradient adds ``b_it`` to row ``idx_it``; rows are summed per example.
+
+    On the CPU, for float32/float64 output gradients and integer indices, both the squared
+    norms and the clipped sum are one compiled pass each
+    (:mod:`renyi.dpsgd._embedding_kernels`) instead of torch's ``unique`` and three
+    ``index_add_`` (benchmark LSTM, embedding 1000 x 64, B = 64, T = 32, one thread:
+    about 50 us against 130 us, thread time); elsewhere torch's ops."""
 
     def __init__(self, module: nn.Embedding, calls: Sequence[Call], batch: int) -> None:
         used = _used_calls(calls)
         dim = module.embedding_dim
-        idx = _cat([x.reshape(batch, -1) for x, _ in used], dim=1)
-        b = _cat([g.reshape(batch, -1, dim) for _, g in used], dim=1)
-        if module.padding_idx is not None:  # the padding row never receives a gradient
-            b = b * (idx != module.padding_idx).unsqueeze(-1).to(b.dtype)
-        self.idx, self.b, self.batch = idx, b, batch
+        self.idx = _cat([x.reshape(batch, -1) for x, _ in used], dim=1)
+        self.raw_b = _cat([g.reshape(batch, -1, dim) for _, g in used], dim=1)
+        self.batch = batch
         self.num = module.num_embeddings
+        self.padding_idx = module.padding_idx
+        self._masked: Tensor | None = None
+
+    @property
+    def b(self) -> Tensor:
+        """The output gradients ``[B, S, dim]``, zero at the padding positions (the padding
+        row never receives a gradient)."""
+        if self._masked is None:
+            b = self.raw_b
+            if self.padding_idx is not None:
+                b = b * (self.idx != self.padding_idx).unsqueeze(-1).to(b.dtype)
+            self._masked = b
+        return self._masked
+
+    def _kernel_args(self) -> tuple[Any, Any, int] | None:
+        """``(idx, b, pad)`` as numpy arrays for :mod:`renyi.dpsgd._embedding_kernels`, or
+        ``None`` where the kernels do not apply (no numba, switched off, not the CPU, other
+        dtypes, tensor subclasses, ``torch.compile`` tracing)."""
+        idx, b = self.idx, self.raw_b
+        if not (
+            _embedding_kernels.ENABLED
+            and _embedding_kernels.available()
+            and type(idx) is Tensor
+            and type(b) is Tensor
+            and idx.device.type == "cpu"
+            and b.device.type == "cpu"
+            and idx.dtype in (torch.int64, torch.int32)
+            and b.dtype in (torch.float32, torch.float64)
+            and not _onednn._compiling()
+        ):
+            return None
+        pad = -1 if self.padding_idx is None else int(self.padding_idx)
+        return idx.contiguous().numpy(), b.detach().contiguous().numpy(), pad
+
+    def _bad_indices(self) -> Exception:
+        return fail(
+            "embedding indices",
+            f"[{int(self.idx.min())}, {int(self.idx.max())}]",
+            f"indices in [0, {self.num}) (was the layer's input changed after its forward?)",
+        )
+
+    def _check_indices(self) -> None:
+        """torch's path: an index outside the table would silently land in another
+        example's keys (``unique`` over ``example * num + index``)."""
+        if self.idx.numel() and (int(self.idx.min()) < 0 or int(self.idx.max()) >= self.num):
+            raise self._bad_indices()
 
     def sq_norms(self) -> dict[str, Tensor]:
+        args = self._kernel_args()
+        if args is not None:
+            sq = torch.empty(self.batch, dtype=torch.float64)
+            if _embedding_kernels.sq_norms(*args, self.num, sq.numpy()) != 0:
+                raise self._bad_indices()
+            return {"weight": sq}
+        self._check_indices()
         rows_of = torch.arange(self.batch, device=self.idx.device).unsqueeze(1) * self.num
         keys, inverse = torch.unique(rows_of + self.idx, return_inverse=True)
         flat_b = self.b.reshape(-1, self.b.shape[-1])
@@ -1214,7 +1272,16 @@ class _EmbeddingGrads:
         return {"weight": sq}
 
     def weighted_sum(self, weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        w = weights["weight"].to(self.b.dtype)
+        w = weights["weight"].to(self.raw_b.dtype)
+        args = self._kernel_args()
+        if args is not None and type(w) is Tensor and w.device.type == "cpu":
+            out = torch.empty(self.num, self.raw_b.shape[-1], dtype=self.raw_b.dtype)
+            idx, b, pad = args
+            w_np = w.detach().contiguous().numpy()
+            if _embedding_kernels.weighted_sum(idx, b, w_np, pad, self.num, out.numpy()) != 0:
+                raise self._bad_indices()
+            return {"weight": out}
+        self._check_indices()
         flat_b = (self.b * w[:, None, None]).reshape(-1, self.b.shape[-1])
         out = torch.zeros(self.num, flat_b.shape[1], dtype=flat_b.dtype, device=flat_b.device)
         out.index_add_(0, self.idx.reshape(-1), flat_b)
