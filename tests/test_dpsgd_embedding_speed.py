@@ -1,5 +1,6 @@
 """The embedding's compiled per-example norms and clipped sum (renyi.dpsgd._embedding_kernels)
-against a batch-of-one autograd loop in float64, and torch's fallback path."""
+against a batch-of-one autograd loop in float64, and torch's fallback path; plain Linear
+layers' compiled norms (renyi.dpsgd._linear_kernels) against float64."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from renyi.dpsgd import _embedding_kernels
-from renyi.dpsgd.ghost import ghost_layer_grads
+from renyi.dpsgd import _embedding_kernels, _linear_kernels
+from renyi.dpsgd.ghost import _LinearGrads, ghost_layer_grads, linear_total_sq
 from renyi.errors import PrivacyParameterError
 
 pytestmark = pytest.mark.skipif(not _embedding_kernels.available(), reason="numba missing")
@@ -168,3 +169,60 @@ def test_non_finite_gradients_propagate() -> None:
     b[1, 0, 0] = float("inf")  # at the padding position: 0 * inf = NaN, as torch's mask
     sq = _rule(emb, idx, b).sq_norms()["weight"]
     assert torch.isnan(sq).all()
+
+
+# ---------------------------------------------------------------- plain Linear layers' norms
+def _linear_layers(scale: float = 1.0) -> list[_LinearGrads]:
+    g = torch.Generator().manual_seed(7)
+    shapes = [(9, 5, ("weight", "bias")), (7, 3, ("weight",)), (4, 6, ("bias",))]
+    return [
+        _LinearGrads(
+            scale * torch.randn(6, d, generator=g), scale * torch.randn(6, o, generator=g), names
+        )
+        for d, o, names in shapes
+    ]
+
+
+def _exact_total(layers: list[_LinearGrads]) -> torch.Tensor:
+    total = torch.zeros(6, dtype=torch.float64)
+    for g in layers:
+        sa = (g.a.double() ** 2).sum(1)
+        sb = (g.b.double() ** 2).sum(1)
+        total += (sa * sb if "weight" in g.names else 0) + (sb if "bias" in g.names else 0)
+    return total
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1.0, 1e25], ids=["tiny", "plain", "huge"])
+def test_linear_total_sq_kernel_exact_range(monkeypatch: pytest.MonkeyPatch, scale: float) -> None:
+    """float32 entries squared in float64: the exact squares at every float32 scale (torch's
+    float32 norms would underflow/overflow there and be redone in float64)."""
+    layers = _linear_layers(scale)
+    calls = []
+    inner = _linear_kernels.linear_sq_add
+    monkeypatch.setattr(_linear_kernels, "linear_sq_add", lambda *a: calls.append(1) or inner(*a))
+    got = linear_total_sq(layers)
+    assert len(calls) == len(layers)
+    torch.testing.assert_close(got, _exact_total(layers), rtol=1e-13, atol=0.0)
+    monkeypatch.setattr(_linear_kernels, "ENABLED", False)
+    calls.clear()
+    off = linear_total_sq(layers)
+    assert not calls
+    torch.testing.assert_close(off, got, rtol=1e-6, atol=0.0)
+
+
+def test_linear_total_sq_kernel_fallbacks_and_nan(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    inner = _linear_kernels.linear_sq_add
+    monkeypatch.setattr(_linear_kernels, "linear_sq_add", lambda *a: calls.append(1) or inner(*a))
+    layers = _linear_layers()
+    strided = [_LinearGrads(layers[0].a.t().contiguous().t(), layers[0].b, ("weight", "bias"))]
+    doubled = [_LinearGrads(g.a.double(), g.b.double(), g.names) for g in layers]
+    for case in (strided, doubled):
+        torch.testing.assert_close(linear_total_sq(case), _exact_total(case), rtol=1e-6, atol=0.0)
+    assert not calls  # non-contiguous and float64 inputs take torch's path
+    layers[1].a[2, 0] = float("nan")
+    layers[2].b[4, 1] = float("inf")
+    got = linear_total_sq(layers)
+    assert calls
+    assert torch.isnan(got[2]) and torch.isinf(got[4])
+    assert torch.isfinite(got[[0, 1, 3, 5]]).all()
