@@ -23,7 +23,9 @@ Two parts, both with ``torch.set_num_threads(1)``:
    captured from ``loss.backward()``, **secure noise** from ``renyi.noise``; on the CPU in
    float32 renyi's own products run on its faster CPU kernels: oneDNN's products,
    ``renyi.dpsgd._onednn``; the per-example convolution kernel, ``_conv_kernels``; the
-   AVX-512 tiles of the recurrent scans, clipped sums and Grams, ``_scan_kernels``);
+   AVX-512 tiles of the recurrent scans, clipped sums and Grams, ``_scan_kernels``; the
+   embedding's and plain Linear layers' compiled norms and sums, ``_embedding_kernels``,
+   ``_linear_kernels``);
    ``renyi-torch-kernels`` (the same with all three switched off: products by torch's and
    OpenBLAS's default kernels, those the non-private step uses: the cost of privacy itself,
    apart from faster kernels);
@@ -227,13 +229,21 @@ def make_step(model_name: str, config: str) -> Callable[[], None]:
         return step
     loader = DataLoader(TensorDataset(x, y), batch_size=size)
     if config.startswith("renyi"):
-        from renyi.dpsgd import PrivacyEngine, _conv_kernels, _onednn, _scan_kernels
+        from renyi.dpsgd import (
+            PrivacyEngine,
+            _conv_kernels,
+            _embedding_kernels,
+            _linear_kernels,
+            _onednn,
+            _scan_kernels,
+        )
 
         # renyi-torch-kernels: renyi's products by torch's and OpenBLAS's default kernels
         # (the non-private step's), none of renyi's own: the cost of privacy itself, apart
         # from the faster kernels
         own = config != "renyi-torch-kernels"
         _onednn.ENABLED = _conv_kernels.ENABLED = own
+        _embedding_kernels.ENABLED = _linear_kernels.ENABLED = own
         _scan_kernels.OWN_PRODUCTS = own and _scan_kernels.OWN_PRODUCTS
 
         pmodel, popt, _ = PrivacyEngine(accountant="rdp").make_private(
