@@ -19,6 +19,8 @@ backward, with the compiled kernels and with the torch loops.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -117,7 +119,9 @@ def test_compiled_kernels_equal_autograd_in_float64(bias: bool, upstream: str) -
     given = ups[upstream]
     pick = [k for k in range(3) if given[k] is not None]
     want = torch.autograd.grad([ref[k] for k in pick], leaves, [given[k] for k in pick])
-    have = decomposed._compiled_backward(acts, cs, tcs, w_hh, *given)
+    *have, step = decomposed._compiled_backward(acts, cs, tcs, w_hh, *given)
+    assert step is not None
+    torch.testing.assert_close(step[0], have[0].sum(dim=1), rtol=0, atol=1e-12)
     for r, o in zip(want, have, strict=True):
         torch.testing.assert_close(o, r, rtol=0, atol=1e-12)
         assert o.dtype == dt
@@ -255,9 +259,9 @@ def test_lstm_maps_share_their_gate_gradients_and_match_batch_of_one(bias: bool)
     made: list[ghost.SharedOutputGrads] = []
     real = ghost.SharedOutputGrads.__init__
 
-    def spy(self: ghost.SharedOutputGrads, b: Tensor) -> None:
+    def spy(self: ghost.SharedOutputGrads, b: Tensor, sums: Any = None) -> None:
         made.append(self)
-        real(self, b)
+        real(self, b, sums)
 
     engine = ClippedGradientEngine(model, nn.CrossEntropyLoss(), max_grad_norm=0.05)
     with pytest.MonkeyPatch.context() as mp:
@@ -512,6 +516,113 @@ def test_compiled_gru_float32_matches_float64_autograd() -> None:
     have = torch.autograd.grad(got, [mine[0], slot, mine[1]], [g_out.float(), g_h.float()])
     for r, o in zip(want, have, strict=True):
         torch.testing.assert_close(o.double(), r, rtol=2e-5, atol=2e-5)
+
+
+@needs_numba
+@pytest.mark.parametrize("dt", [torch.float64, torch.float32])
+@pytest.mark.parametrize("packed", [False, True])
+def test_backward_scan_sums_the_gate_gradients_over_the_steps(
+    dt: torch.dtype, packed: bool
+) -> None:
+    """The compiled LSTM backward's per-example sums of the gate gradients (the bias
+    gradients the engine uses, :func:`decomposed.step_sums`) equal ``dz.sum(1)`` in float64
+    (float32: within the ``T u sum_t |dz_t|`` bound of its float32 additions), and their
+    squared norms equal the float64 sums of squares; packed masks (zero gate gradients at
+    invalid steps) included; none formed when not asked for."""
+    gi, h0, c0, w_hh, b_hh, g_out, g_h, g_c = _case(dt, True)
+    valid = torch.ones(5, 9, dtype=torch.bool)
+    valid[1, 6:] = False
+    valid[3, :4] = False
+    mask = valid if packed else None
+    _, acts, cs, tcs, *_ = decomposed._compiled_forward(gi, h0, c0, w_hh, b_hh, mask)
+    dz, dh, dc, step = decomposed._compiled_backward(acts, cs, tcs, w_hh, g_out, g_h, g_c, mask)
+    assert step is not None
+    sums, sq = step
+    assert sums.dtype == sq.dtype == torch.float64 and sums.shape == (5, 24) and sq.shape == (5,)
+    want = dz.double().sum(dim=1)
+    if dt == torch.float64:
+        torch.testing.assert_close(sums, want, rtol=0, atol=1e-13)
+    else:
+        bound = 9 * 2.0**-24 * dz.double().abs().sum(dim=1)
+        assert bool((sums - want).abs().le(bound).all())
+        assert not torch.equal(sums, torch.zeros_like(sums))
+    torch.testing.assert_close(sq, sums.pow(2).sum(dim=1), rtol=1e-15, atol=0)
+    again = decomposed._compiled_backward(acts, cs, tcs, w_hh, g_out, g_h, g_c, mask, False)
+    assert again[3] is None
+    for a, b in zip(again[:3], (dz, dh, dc), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_step_sums_are_dropped_when_the_gradients_change() -> None:
+    """:func:`decomposed.step_sums` hands back what the kernel attached, and nothing once the
+    tensor was changed in place (autograd accumulating a second gradient into the buffer) or
+    for another tensor (a view, a copy)."""
+    b = torch.randn(3, 4, 5)
+    sums = (b.double().sum(dim=1), b.double().sum(dim=1).pow(2).sum(dim=1))
+    assert decomposed.step_sums(b) is None
+    decomposed.attach_step_sums(b, sums)
+    assert decomposed.step_sums(b) is sums
+    assert decomposed.step_sums(b.view(3, 4, 5)) is None
+    assert decomposed.step_sums(b.clone()) is None
+    b.add_(1.0)
+    assert decomposed.step_sums(b) is None
+
+
+class _GateNet(nn.Module):
+    """An LSTM whose gate gradients both maps share, read at every output and at ``h_n``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(3, 8, batch_first=True)
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out, (h, _) = self.rnn(x)
+        return self.fc(out.mean(dim=1) + h[0])
+
+
+@needs_numba
+@pytest.mark.parametrize("clip", [1e12, 0.05])
+def test_capture_path_with_the_scans_bias_sums_equals_batch_of_one(
+    clip: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The path users run (capture hooks, ``loss.backward()``) with the bias gradients and
+    their norms taken from the compiled backward scan (checked: the engine was handed them):
+    float64 per-example norms and clipped sums equal a batch-of-one loop over the same
+    model, and the engine's own re-reduction of the gate gradients (switched off) gives the
+    same."""
+    torch.manual_seed(11)
+    model = _GateNet().double()
+    x, y = torch.randn(6, 7, 3, dtype=torch.float64), torch.randint(0, 2, (6,))
+    given: list[bool] = []
+    real = ghost.SharedOutputGrads.__init__
+
+    def spy(self: ghost.SharedOutputGrads, b: Tensor, sums: Any = None) -> None:
+        given.append(sums is not None)
+        real(self, b, sums)
+
+    monkeypatch.setattr(ghost.SharedOutputGrads, "__init__", spy)
+    sums, n, norms = _captured(model, x, y, clip)
+    assert n == 6 and given and all(given)
+    params = dict(model.named_parameters())
+    want = {k: torch.zeros_like(p) for k, p in params.items()}
+    for i in range(6):
+        loss = nn.functional.cross_entropy(model(x[i : i + 1]), y[i : i + 1])
+        grads = torch.autograd.grad(loss, list(params.values()))
+        norm = torch.sqrt(sum(g.pow(2).sum() for g in grads))
+        torch.testing.assert_close(norms[i], norm, rtol=1e-10, atol=1e-13)
+        scale = torch.clamp(clip / (norm * (1 + 1e-6)), max=1.0)
+        for k, g in zip(params, grads, strict=True):
+            want[k] += scale * g
+    for k in want:
+        torch.testing.assert_close(sums[k], want[k], rtol=1e-9, atol=1e-13)
+    given.clear()
+    monkeypatch.setattr(decomposed, "_GATE_SUMS", False)
+    off, _, off_norms = _captured(model, x, y, clip)
+    assert given and not any(given)
+    torch.testing.assert_close(off_norms, norms, rtol=1e-12, atol=0)
+    for k in want:
+        torch.testing.assert_close(off[k], sums[k], rtol=1e-12, atol=1e-15)
 
 
 @needs_numba

@@ -523,10 +523,38 @@ class _LSTMScan(torch.autograd.Function):
     ) -> tuple[Tensor | None, ...]:
         acts, cs, tcs, w = ctx.saved_tensors
         if _compiled(acts) or ctx.mask is not None:
-            dz, dh, dc = _compiled_backward(acts, cs, tcs, w, g_out, g_h, g_c, ctx.mask)
+            dz, dh, dc, sums = _compiled_backward(
+                acts, cs, tcs, w, g_out, g_h, g_c, ctx.mask, _GATE_SUMS
+            )
+            if sums is not None:
+                attach_step_sums(dz, sums)
         else:
             dz, dh, dc = _torch_backward(acts, cs, tcs, w, g_out, g_h, g_c)
         return dz, dh.to(ctx.dtypes[0]), dc.to(ctx.dtypes[1]), None, None, None, None
+
+
+#: Whether :class:`_LSTMScan`'s compiled backward hands the engine its gate gradients' sums
+#: over the steps (:func:`attach_step_sums`); tests and A/B comparisons switch it off.
+_GATE_SUMS = True
+
+
+def attach_step_sums(b: Tensor, sums: tuple[Tensor, Tensor]) -> None:
+    """Remember ``sums`` = (``b.sum(dim=1)`` as float64 ``[B, o]``, its rows' squared norms
+    ``[B]`` float64) with ``b`` ``[B, T, o]``, formed by the kernel that wrote ``b``
+    (:func:`step_sums` returns them while ``b`` is unchanged): the per-example bias
+    gradients of the maps fed ``b`` and their squared norms, without another pass over
+    ``b``."""
+    b._renyi_step_sums = (b._version, sums)  # type: ignore[attr-defined]
+
+
+def step_sums(b: Tensor) -> tuple[Tensor, Tensor] | None:
+    """The sums :func:`attach_step_sums` gave ``b``, or ``None``: none given, or ``b`` changed
+    in place since (autograd adding another gradient into the buffer bumps its version)."""
+    got = getattr(b, "_renyi_step_sums", None)
+    if got is None or got[0] != b._version or b.ndim != 3:
+        return None
+    sums: tuple[Tensor, Tensor] = got[1]
+    return sums if sums[0].shape == (b.shape[0], b.shape[2]) else None
 
 
 #: Whether :class:`_LSTMScan` may run the compiled kernels of
@@ -629,9 +657,12 @@ def _compiled_backward(
     g_h: Tensor | None,
     g_c: Tensor | None,
     mask: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`renyi.dpsgd._scan_kernels.lstm_backward`: gate gradients ``[B, T, 4H]`` and the
-    gradients at ``h_0``, ``c_0``; ``mask`` as :func:`_compiled_forward`'s."""
+    want_sums: bool = True,
+) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor] | None]:
+    """:func:`renyi.dpsgd._scan_kernels.lstm_backward`: gate gradients ``[B, T, 4H]``, the
+    gradients at ``h_0``, ``c_0`` and (``want_sums``, else ``None``) the gate gradients' sums
+    over the steps ``[B, 4H]`` and their squared norms ``[B]``, float64 (:func:`step_sums`);
+    ``mask`` as :func:`_compiled_forward`'s."""
     steps, batch, g4 = (int(s) for s in acts.shape)
     hid = g4 // 4
     dt = acts.dtype
@@ -644,6 +675,9 @@ def _compiled_backward(
     dh, dc = state(g_h), state(g_c)
     go = torch.zeros(1, 1, 1, dtype=dt) if g_out is None else g_out.detach().to(dt).contiguous()
     dz = torch.empty(batch, steps, g4, dtype=dt)
+    rows = batch if want_sums else 1
+    acc, sums = torch.empty(rows, g4, dtype=dt), torch.empty(rows, g4, dtype=torch.float64)
+    sq = torch.empty(rows, dtype=torch.float64)
     scratch = torch.empty(batch, g4, dtype=dt)
     threads = _blas_threads(batch, hid, g4)
     own = _own(dt, threads)
@@ -663,10 +697,14 @@ def _compiled_backward(
             _np(scratch),
             _np(torch.empty(batch, hid, dtype=dt)),
             own,
+            want_sums,
+            _np(acc),
+            _np(sums),
+            _np(sq),
         )
     finally:
         _scan_kernels.restore_blas_threads(old)
-    return dz, dh, dc
+    return dz, dh, dc, (sums, sq) if want_sums else None
 
 
 def _torch_forward(

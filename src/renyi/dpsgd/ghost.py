@@ -65,6 +65,7 @@ from renyi.dpsgd import (
     _onednn,
     _scan_kernels,
 )
+from renyi.dpsgd.decomposed import step_sums
 from renyi.dpsgd.grad_sample import UnsupportedModelError, autocast_enabled
 
 __all__ = [
@@ -676,7 +677,7 @@ class _SeqLinearGrads:
                 res["weight"] = _weight_sum(b, a, w)
         if "bias" in self.names:
             sums = self.shared.bias_grads() if self.shared is not None else b.sum(dim=1)
-            res["bias"] = torch.mv(sums.t(), weights["bias"].to(b.dtype))
+            res["bias"] = torch.mv(sums.t(), weights["bias"].to(sums.dtype))
         return res
 
 
@@ -703,13 +704,17 @@ def _gram64(b: Tensor, exact: bool = False) -> Tensor:
 class SharedOutputGrads:
     """Output gradients ``b`` ``[B, T, o]`` that several affine maps share (an LSTM's
     ``x W_ih^T`` and ``h W_hh^T`` are added into the same gates): the Gram matrices
-    ``b_i b_i^T`` and the per-example bias gradients ``sum_t b_it`` are formed once."""
+    ``b_i b_i^T`` and the per-example bias gradients ``sum_t b_it`` are formed once.
+    ``sums``: those bias gradients and their squared norms (float64) already formed by the
+    kernel that wrote ``b`` (:func:`renyi.dpsgd.decomposed.step_sums`: the LSTM's compiled
+    backward scan adds each row of gate gradients while it is in cache, instead of another
+    pass over ``b`` and a range check here)."""
 
-    def __init__(self, b: Tensor) -> None:
+    def __init__(self, b: Tensor, sums: tuple[Tensor, Tensor] | None = None) -> None:
         self.b = b
         self._gram: Tensor | None = None
-        self._bias: Tensor | None = None
-        self._bias_sq: Tensor | None = None
+        self._bias: Tensor | None = None if sums is None else sums[0]
+        self._bias_sq: Tensor | None = None if sums is None else sums[1]
 
     def gram(self) -> Tensor:
         """The per-example Gram matrices ``b_i b_i^T`` ``[B, T, T]`` in ``b``'s dtype."""
@@ -718,7 +723,8 @@ class SharedOutputGrads:
         return self._gram
 
     def bias_grads(self) -> Tensor:
-        """The per-example bias gradients ``sum_t b_it``, ``[B, o]``."""
+        """The per-example bias gradients ``sum_t b_it``, ``[B, o]`` (``b``'s dtype, or
+        float64 when given by the kernel)."""
         if self._bias is None:
             self._bias = self.b.sum(dim=1)
         return self._bias
@@ -764,7 +770,8 @@ class LinearMapGrads:
             if users > 1 and gs and all(g.ndim >= 3 and g.shape[0] == batch for g in gs):
                 o = int(gs[0].shape[-1])
                 b3 = _cat([upcast(g).reshape(batch, -1, o) for g in gs], dim=1).contiguous()
-                shared[ident] = SharedOutputGrads(b3)
+                sums = step_sums(gs[0]) if len(gs) == 1 and gs[0].ndim == 3 else None
+                shared[ident] = SharedOutputGrads(b3, sums)
         for key, raw in calls.items():
             w_name, w_rows, b_name, b_rows = key
             common = shared.get(tuple(id(g) for _, g in raw if g is not None))
