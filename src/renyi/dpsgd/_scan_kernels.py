@@ -861,11 +861,17 @@ if njit is not None:  # the compiled functions, defined only with numba
 
     @njit(inline="always", error_model="numpy")
     def _sums_and_squares(acc, out, sq):  # type: ignore[no-untyped-def]
-        """``out = float64(acc)`` and ``sq[b] = sum_k out[b, k]^2`` (``acc``'s columns a
-        multiple of 4: four float64 partial sums, not one serial chain)."""
+        """``out = float64(acc)`` and ``sq[b] = sum_k out[b, k]^2`` (four float64 partial
+        sums, not one serial chain)."""
+        cols = acc.shape[1]
+        whole = cols - cols % 4
         for b in range(acc.shape[0]):
             s0 = s1 = s2 = s3 = 0.0
-            for k in range(0, acc.shape[1], 4):
+            for k in range(whole, cols):
+                x = np.float64(acc[b, k])
+                out[b, k] = x
+                s0 += x * x
+            for k in range(0, whole, 4):
                 x0, x1 = np.float64(acc[b, k]), np.float64(acc[b, k + 1])
                 x2, x3 = np.float64(acc[b, k + 2]), np.float64(acc[b, k + 3])
                 out[b, k], out[b, k + 1], out[b, k + 2], out[b, k + 3] = x0, x1, x2, x3
@@ -973,7 +979,9 @@ if njit is not None:  # the compiled functions, defined only with numba
                 _zero_invalid(hs, valid, t)
 
     @_cached_jit(nogil=True, error_model="numpy", fastmath={"contract"})
-    def _gru_backward(acts, ghn, hs, h0, w, go, has_go, valid, masked, dh, dgi, dgh, s, tmp, own):  # type: ignore[no-untyped-def]
+    def _gru_backward(  # type: ignore[no-untyped-def]
+        acts, ghn, hs, h0, w, go, has_go, valid, masked, dh, dgi, dgh, s, tmp, own, sums, ac, gs, sq
+    ):
         """GRU back-propagation through time: ``go`` ``[B, T, H]`` the gradients at the
         outputs (read when ``has_go``), ``dh`` ``[B, H]`` that at ``h_T`` on entry and at
         ``h_0`` on return; writes the gradients at the input projection ``dgi`` and at the
@@ -982,11 +990,16 @@ if njit is not None:  # the compiled functions, defined only with numba
         With ``masked`` the valid steps of each example are consecutive (packed sequences, in
         either direction): an invalid step passes ``dh`` through, and the state before a
         valid step is the previous output or, after invalid steps, ``h0``. ``own``: as
-        :func:`lstm_forward`'s."""
+        :func:`lstm_forward`'s. With ``sums``, the per-example sums over the steps of
+        ``dgi`` and ``dgh`` (the two maps' bias gradients), as :func:`lstm_backward`'s:
+        accumulated in ``ac`` ``[2, B, 3H]`` (``dgi``'s dtype), then ``gs`` ``[2, B, 3H]``
+        (float64) and their squared norms ``sq`` ``[2, B]``."""
         steps, batch, g3 = acts.shape
         hid = g3 // 3
         one = _one(acts)
         bp = _panels_for(w, own)
+        if sums:
+            ac[:, :, :] = 0
         for t in range(steps - 1, -1, -1):
             if has_go:
                 _add_valid(dh, go, valid, masked, t)
@@ -1009,13 +1022,22 @@ if njit is not None:  # the compiled functions, defined only with numba
                     s[b, j] = dn * ghn[t, b, j] * (r - r * r)
                 for j in range(hid):  # the direct path h_{t-1} -> h_t
                     dh[b, j] *= acts[t, b, hid + j]
+                if sums:
+                    for k in range(g3):
+                        ac[0, b, k] += s[b, k]
             _copy_rows(s, dgi, t)
             for b in range(batch):  # the hidden map's n block is scaled by r
                 for j in range(hid):
                     s[b, 2 * hid + j] *= acts[t, b, j]
+                if sums:
+                    for k in range(g3):
+                        ac[1, b, k] += s[b, k]
             _copy_rows(s, dgh, t)
             _product(s, w, bp, tmp, own)
             dh += tmp
+        if sums:
+            _sums_and_squares(ac[0], gs[0], sq[0])
+            _sums_and_squares(ac[1], gs[1], sq[1])
 
     lstm_forward, lstm_backward = _lstm_forward, _lstm_backward
     gru_forward, gru_backward = _gru_forward, _gru_backward

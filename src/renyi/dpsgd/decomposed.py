@@ -435,6 +435,10 @@ class _GRUScan(torch.autograd.Function):
         go = torch.zeros(1, 1, 1, dtype=dt) if g_out is None else g_out.to(dt).contiguous()
         dgi, dgh = torch.empty(batch, steps, g3, dtype=dt), torch.empty(batch, steps, g3, dtype=dt)
         s, tmp = torch.empty(batch, g3, dtype=dt), torch.empty(batch, hid, dtype=dt)
+        rows = batch if _GATE_SUMS else 1  # the step sums (see _LSTMScan.backward)
+        acc = torch.empty(2, rows, g3, dtype=dt)
+        sums = torch.empty(2, rows, g3, dtype=torch.float64)
+        sq = torch.empty(2, rows, dtype=torch.float64)
         threads = _blas_threads(batch, hid, g3)
         own = _own(dt, threads)
         old = [] if own else _scan_kernels.blas_threads(threads)
@@ -442,10 +446,13 @@ class _GRUScan(torch.autograd.Function):
             _scan_kernels.gru_backward(
                 _np(acts), _np(ghn), _np(hs), _np(h0), _np(w.contiguous()), _np(go),
                 g_out is not None, *ctx.mask, _np(dh), _np(dgi), _np(dgh), _np(s), _np(tmp),
-                own,
+                own, _GATE_SUMS, _np(acc), _np(sums), _np(sq),
             )  # fmt: skip
         finally:
             _scan_kernels.restore_blas_threads(old)
+        if _GATE_SUMS:
+            attach_step_sums(dgi, (sums[0], sq[0]))
+            attach_step_sums(dgh, (sums[1], sq[1]))
         return dgi, dgh, dh.to(ctx.h0_dtype), None, None, None, None
 
 
@@ -533,8 +540,9 @@ class _LSTMScan(torch.autograd.Function):
         return dz, dh.to(ctx.dtypes[0]), dc.to(ctx.dtypes[1]), None, None, None, None
 
 
-#: Whether :class:`_LSTMScan`'s compiled backward hands the engine its gate gradients' sums
-#: over the steps (:func:`attach_step_sums`); tests and A/B comparisons switch it off.
+#: Whether the compiled backward scans (:class:`_LSTMScan`, :class:`_GRUScan`) hand the
+#: engine their gate gradients' sums over the steps (:func:`attach_step_sums`); tests and
+#: A/B comparisons switch it off.
 _GATE_SUMS = True
 
 

@@ -523,7 +523,10 @@ def _linear_from(
         if shared is not None and shared.b.shape[1] == a3.shape[1]:
             return _SeqLinearGrads(a3.contiguous(), shared.b, names, shared)
         b3 = _cat([g.reshape(batch, -1, o) for _, g in used], dim=1)
-        return _SeqLinearGrads(a3.contiguous(), b3.contiguous(), names)
+        # one call whose output gradients came from a compiled scan: their sums over the
+        # positions (the bias gradients) and squared norms come with them
+        sums = step_sums(used[0][1]) if len(used) == 1 and shared is None else None
+        return _SeqLinearGrads(a3.contiguous(), b3.contiguous(), names, sums=sums)
     a = _cat([x.reshape(batch, 1, -1, d).transpose(2, 3) for x, _ in used], dim=3)
     b = _cat([g.reshape(batch, 1, -1, o).transpose(2, 3) for _, g in used], dim=3)
     return _OuterProductGrads(a, b, torch.Size([o, d]), names)
@@ -624,7 +627,9 @@ class _SeqLinearGrads:
     (contiguous): example ``i``'s weight gradient is ``b_i^T a_i``, its bias gradient
     ``sum_t b_it``. Per-example gradients when they are small enough (``_per_example_fits``),
     else Gram matrices, in the layout the layer produced, so that the clipped sum is one
-    ``[o, BT] x [BT, d]`` product without copies."""
+    ``[o, BT] x [BT, d]`` product without copies. ``sums``: the bias gradients and their
+    squared norms as the compiled scan that wrote ``b`` formed them
+    (:func:`renyi.dpsgd.decomposed.step_sums`: a GRU's two maps)."""
 
     def __init__(
         self,
@@ -632,13 +637,16 @@ class _SeqLinearGrads:
         b: Tensor,
         names: Sequence[str],
         shared: SharedOutputGrads | None = None,
+        sums: tuple[Tensor, Tensor] | None = None,
     ) -> None:
         self.a, self.b = a, b
         self.names = tuple(names)
-        self.shared = shared
         t, d, o = a.shape[1], a.shape[2], b.shape[2]
         # output gradients shared with another map: their Gram matrix is computed once
         self.use_gram = shared is not None or not _per_example_fits(t, d, o)
+        if shared is None and sums is not None:  # the bias sums a compiled scan formed
+            shared = SharedOutputGrads(b, sums)
+        self.shared = shared
         self.per_example: Tensor | None = None
 
     def sq_norms(self) -> dict[str, Tensor]:
