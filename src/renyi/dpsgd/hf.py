@@ -45,7 +45,9 @@ What it changes, and why:
   noise source's state (no key: secure noise is drawn fresh after a resume; a seeded run,
   ``noise_seed=``, resumes bit for bit); resuming checks the mechanism and continues the
   sampler where the checkpoint left it (``ignore_data_skip`` is set: the ``Trainer`` must not
-  draw and discard batches).
+  draw and discard batches). With ``dataloader_num_workers > 0`` the loader draws batches
+  ahead of the steps: a seeded run saves them and the resumed loader yields them first; a
+  secure run saves no batch indices and draws those steps' batches afresh.
 
 Refused with the reason: several processes or GPUs, DeepSpeed/FSDP, fp16/bf16 mixed
 precision (not yet verified for the per-example engine), ``group_by_length`` and
@@ -76,6 +78,7 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -373,6 +376,130 @@ class _MicroBatches:
                 yield list(batch[k * size // self.pieces : (k + 1) * size // self.pieces])
 
 
+class _TrainerBatches(PlannedBatchSampler):
+    """DPTrainer's planned batches, remembering those drawn ahead of the optimizer's steps.
+
+    Loader worker processes (``dataloader_num_workers > 0``) make the ``DataLoader`` draw
+    batches ahead of the steps (``prefetch_factor`` micro-batches per worker), so when a
+    checkpoint is written the sampler stands past batches never stepped on. The
+    checkpoint holds them (:meth:`ahead_of`, seeded runs) and the resumed loader yields them
+    first (:meth:`replay`), with the sampler continuing after them: the resumed run draws
+    what the uninterrupted one did, in the same order relative to the noise."""
+
+    def __init__(self, sampler: Any, steps_per_epoch: int) -> None:
+        super().__init__(sampler, steps_per_epoch)
+        self._replay: list[list[int]] = []
+        self._recent: deque[tuple[int, list[int]]] = deque()  # (plan index, batch)
+        self.stepper: DPOptimizer | None = None  # forgets the batches it has stepped on
+
+    def _remember(self, batch: Any) -> None:
+        self._recent.append((self._drawn - 1, [int(i) for i in batch]))
+        taken = 0 if self.stepper is None else int(self.stepper.steps_taken)
+        while self._recent and self._recent[0][0] < taken:
+            self._recent.popleft()
+
+    def ahead_of(self, steps_taken: int) -> list[list[int]]:
+        """The batches drawn but not yet stepped on (plan index ``>= steps_taken``)."""
+        return [list(b) for i, b in self._recent if i >= steps_taken]
+
+    def replay(self, batches: list[list[int]]) -> None:
+        """Yield ``batches`` (drawn before a checkpoint, never stepped on) before the
+        sampler's next ones; call after :meth:`resync`."""
+        self._replay = [list(b) for b in batches]
+        self._drawn -= len(self._replay)
+        if self._optimizer is not None:
+            self.link(self._optimizer)
+
+    def resync(self) -> None:
+        self._replay = []
+        self._recent.clear()
+        super().resync()
+
+    def __len__(self) -> int:
+        if not self._replay:
+            return super().__len__()
+        after = self._drawn + len(self._replay)  # the sampler's position
+        rest = (
+            0
+            if after >= self.steps or after % self.steps_per_epoch == 0
+            else min(self.steps - after, self.steps_per_epoch - after % self.steps_per_epoch)
+        )
+        return len(self._replay) + rest
+
+    def __iter__(self) -> Any:
+        if self._replay:
+            rest = len(self) - len(self._replay)
+            replay, self._replay = self._replay, []
+            for batch in replay:
+                self._check_stepped()
+                self._drawn += 1
+                self.last_size = len(batch)
+                self._remember(batch)
+                yield batch
+            if not rest:
+                return
+        for batch in super().__iter__():
+            self._remember(batch)
+            yield batch
+
+
+class _TrainerOptimizer(DPOptimizer):
+    """DPTrainer's private optimizer: its checkpoints also account for the batches its
+    loader's worker processes drew ahead of the steps (:class:`_TrainerBatches`).
+
+    A seeded run (``noise_seed=``) saves them (``"prefetched"``), and resumes bit for bit. A
+    secure run saves no batch (the indices of batches yet to be trained on would be a
+    secret in the checkpoint): its sampler's position is put back before them, and the
+    resumed run draws those steps' batches afresh from the OS source, as it draws its noise
+    (independent samples: the guarantee is unchanged, the steps and ε are the
+    uninterrupted run's)."""
+
+    def _trainer_batches(self) -> list[_TrainerBatches]:
+        return [b for b in self._linked_batches if isinstance(b, _TrainerBatches)]
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        ahead: list[list[int]] = []
+        for batches in self._trainer_batches():
+            ahead = ahead or batches.ahead_of(self.steps_taken)
+        sampler = state.get("sampler")
+        if ahead and isinstance(sampler, dict):
+            if getattr(getattr(self.sampler, "random_source", None), "secure", True):
+                state["sampler"] = {**sampler, "position": int(sampler["position"]) - len(ahead)}
+            else:
+                state["prefetched"] = ahead
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # type: ignore[override]
+        state = dict(state)
+        ahead = state.pop("prefetched", None) or []
+        sampler = state.get("sampler")
+        n = int(getattr(self.sampler, "num_samples", 0))
+        if not isinstance(ahead, list) or not all(
+            isinstance(b, list) and all(isinstance(i, int) and 0 <= i < n for i in b) for b in ahead
+        ):
+            raise fail(
+                "checkpoint prefetched", type(ahead).__name__, f"lists of indices in [0, {n})"
+            )
+        if isinstance(sampler, dict):
+            position = sampler.get("position")
+            taken = state.get("steps_taken")
+            if isinstance(position, int) and isinstance(taken, int):
+                if position != taken + len(ahead):
+                    raise fail(
+                        "checkpoint sampler position",
+                        position,
+                        f"{taken} steps taken + {len(ahead)} batches saved as drawn ahead (a "
+                        "checkpoint of a run with dataloader_num_workers > 0 written by an "
+                        "earlier renyi, which did not save the batches its workers had "
+                        "drawn: resuming would skip them; resume from a checkpoint written "
+                        "with dataloader_num_workers=0, or by this version)",
+                    )
+        super().load_state_dict(state)
+        for batches in self._trainer_batches():
+            batches.replay(ahead)
+
+
 # ------------------------------------------------------------------ tokenisers
 def train_tokenizer(
     texts: Sequence[str],
@@ -550,7 +677,7 @@ class DPTrainer(transformers.Trainer):
         self.log_train_loss = bool(log_train_loss)
         self.allow_exceeding_target = bool(allow_exceeding_target)
         self._plan: TrainingPlan | None = None
-        self._batches: PlannedBatchSampler | None = None
+        self._batches: _TrainerBatches | None = None
         self._forward = LogitsForward(model)
         if args is None:
             args = transformers.TrainingArguments(output_dir="trainer_output")
@@ -664,7 +791,7 @@ class DPTrainer(transformers.Trainer):
         per_epoch = getattr(plan.sampler, "steps_per_epoch", None) or max(
             1, math.ceil(1.0 / plan.sample_rate - 1e-9)
         )
-        self._batches = PlannedBatchSampler(plan.sampler, per_epoch)
+        self._batches = _TrainerBatches(plan.sampler, per_epoch)
         pieces = check_int(
             "args.gradient_accumulation_steps", self.args.gradient_accumulation_steps, 1
         )
@@ -692,6 +819,7 @@ class DPTrainer(transformers.Trainer):
             return
         if all(b is not batches for b in optimizer._linked_batches):
             optimizer._linked_batches.append(batches)
+        batches.stepper = optimizer
         if not int(self.args.dataloader_num_workers):
             batches.link(optimizer)
 
@@ -702,7 +830,7 @@ class DPTrainer(transformers.Trainer):
         if isinstance(getattr(base, "optimizer", base), DPOptimizer):
             return base  # already private (a second train(): accelerate wraps it)
         plan = self.privacy_plan()
-        dp = DPOptimizer(
+        dp = _TrainerOptimizer(
             base,
             model=self._forward,
             loss_fn=self.per_example_loss,
