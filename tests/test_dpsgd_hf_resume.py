@@ -1,4 +1,5 @@
-"""DPTrainer checkpoints with loader worker processes (``dataloader_num_workers > 0``).
+"""DPTrainer checkpoints with loader worker processes (``dataloader_num_workers > 0``), and
+gradient (activation) checkpointing.
 
 Workers prefetch: the private loader's sampler has drawn batches the optimizer has not yet
 stepped on when a checkpoint is written. On main a run resumed from such a checkpoint
@@ -105,3 +106,22 @@ def test_a_checkpoint_that_lost_its_prefetched_batches_is_refused(tmp_path: Path
     torch.save(state, path / "optimizer.pt")
     with pytest.raises(PrivacyParameterError, match="dataloader_num_workers"):
         _run(tmp_path / "b", str(path), 2)
+
+
+@pytest.mark.parametrize("where", ["args", "model"])
+def test_gradient_checkpointing_is_refused_at_set_up(where: str, tmp_path: Path) -> None:
+    """``gradient_checkpointing=True`` (or ``model.gradient_checkpointing_enable()``): on
+    main DPTrainer accepted it and trained correctly (equal parameters), recomputing every
+    layer in the backward (twice the activation calls), but its per-example engine keeps
+    each layer's input, so the peak memory rose (271 -> 307 MiB, an 8-layer Llama step,
+    benchmarks/hf_checkpointing_memory.py) instead of falling: a memory saving that
+    silently was not. Now refused at set-up, naming the fix (micro-batches via gradient
+    accumulation)."""
+    model = _llama()
+    args: dict[str, Any] = {}
+    if where == "args":
+        args["gradient_checkpointing"] = True
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    with pytest.raises(PrivacyParameterError, match="gradient_accumulation_steps"):
+        _trainer(model, _rows(_batch()), tmp_path, args=args)
