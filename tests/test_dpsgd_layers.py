@@ -9,6 +9,7 @@ cross-attention, TransformerEncoderLayer), in ghost mode (never whole-model vmap
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -418,15 +419,26 @@ class FunctionLayer(nn.Module):
 
 
 def test_custom_autograd_function_owning_parameters_is_refused_or_uses_a_rule() -> None:
-    """On main: functorch's raw RuntimeError. Now our error naming the fix; with a
-    registered rule the layer trains and matches each example alone."""
+    """On main: functorch's raw RuntimeError. Now our error naming the fix for the
+    whole-model ``mode="vmap"``; layer-wise (``auto``) the layer is differentiated one
+    example at a time (peft's LoHa, tests/test_dpsgd_lycoris.py) and matches each example
+    alone, as it does with a registered rule."""
     torch.manual_seed(9)
     model = nn.Sequential(nn.Linear(4, 4), FunctionLayer(), nn.Linear(4, 2))
     x, y = torch.randn(5, 4), torch.randn(5, 2)
-    for mode in ("auto", "vmap"):
-        engine = ClippedGradientEngine(model, loss_fn, max_grad_norm=1.0, mode=mode)  # type: ignore[arg-type]
-        with pytest.raises(UnsupportedModelError, match=r"autograd\.Function.*register_grad"):
-            engine.clipped_grad_sum(x, y)
+    engine = ClippedGradientEngine(model, loss_fn, max_grad_norm=1.0, mode="vmap")
+    with pytest.raises(UnsupportedModelError, match=r"autograd\.Function.*register_grad"):
+        engine.clipped_grad_sum(x, y)
+    model = model.double()
+    x, y = x.double(), y.double()
+    want = torch.stack(loop_grads(model, x, y, contextlib.nullcontext))
+    engine = ClippedGradientEngine(model, loss_fn, max_grad_norm=1e12)
+    norms = engine.per_example_norms(x, y)
+    sums, _, _ = engine.clipped_grad_sum(x, y)
+    got = torch.cat([v.double().flatten() for v in sums.values()])
+    assert torch.allclose(got, want.sum(0), rtol=1e-9, atol=1e-12)
+    total = torch.sqrt(sum(v.pow(2) for v in norms.values()))
+    assert torch.allclose(total, want.norm(dim=1), rtol=1e-9)
 
     def rule(layer: nn.Module, acts: list[Tensor], back: Tensor) -> dict[Any, Tensor]:
         return {layer.w: acts[0] * back}

@@ -490,6 +490,7 @@ class PerExampleCapture:
         rec.active = False
         rec.closed = True
         rec.records, rec.recorders, rec.grads, rec.versions = {}, {}, [], []
+        rec.draws = {}
         pending.closed = True
         self._closed.append(rec)
         if rec.backward_seen:

@@ -78,6 +78,7 @@ from renyi.dpsgd.grad_sample import (
 from renyi.dpsgd.independence import CheckSchedule, CheckStats, run_check
 from renyi.dpsgd.layout import BatchLayout, LayoutError, input_batch_dim
 from renyi.dpsgd.registry import apply_rule, rule_for, verify_rule
+from renyi.dpsgd.replay import RandomTape
 
 __all__ = ["CLIP_MARGIN", "ClippedGradientEngine", "clipping_weights"]
 
@@ -229,6 +230,8 @@ class _Recording:
             if lay.kind == "decomposed"
         }
         self.versions: list[tuple[str, Tensor, int]] = []
+        #: the random draws of vmap-rule layer calls that drew: ``(layer, call index)``
+        self.draws: dict[tuple[str, int], RandomTape] = {}
         self.edges: list[GradientEdge] = []
         self.grads: list[Tensor | None] = []
         self.backward_seen = False
@@ -841,6 +844,33 @@ class ClippedGradientEngine:
 
             return hook
 
+        def make_draw_hooks(name: str) -> tuple[Any, Any]:
+            # a layer recomputed per example by vmap: its random draws (peft's LyCORIS
+            # module_dropout gate, rank_dropout mask) are kept for that recomputation
+            open_: list[tuple[RandomTape, Any, int] | None] = []
+
+            def pre(module: nn.Module, args: tuple[Any, ...]) -> None:
+                rec = holder[0]
+                if not rec.active or torch.compiler.is_compiling():
+                    open_.append(None)
+                    return
+                tape = RandomTape()
+                cm = tape.record()
+                cm.__enter__()
+                open_.append((tape, cm, len(rec.records[name])))
+
+            def post(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+                entry = open_.pop() if open_ else None
+                if entry is None:
+                    return
+                tape, cm, index = entry
+                cm.__exit__(None, None, None)
+                rec = holder[0]
+                if len(tape) and len(rec.records.get(name, ())) == index + 1:
+                    rec.draws[(name, index)] = tape
+
+            return pre, post
+
         def make_forward(name: str, module: nn.Module) -> Callable[..., Any]:
             fn = next(f for k, f in DECOMPOSED_LAYER_TYPES.items() if isinstance(module, k))
 
@@ -893,9 +923,14 @@ class ClippedGradientEngine:
                     patched.append((lay.module, lay.module.__dict__.get("forward")))
                     lay.module.forward = make_ghost_forward(name, lay)  # type: ignore[method-assign]
                 else:
+                    if lay.kind == "vmap":
+                        pre, post = make_draw_hooks(name)
+                        handles.append(lay.module.register_forward_pre_hook(pre))
                     handles.append(
                         lay.module.register_forward_hook(make_hook(name), with_kwargs=True)
                     )
+                    if lay.kind == "vmap":
+                        handles.append(lay.module.register_forward_hook(post, always_call=True))
             yield holder
         finally:
             for h in handles:
@@ -963,7 +998,8 @@ class ClippedGradientEngine:
                     dims = [
                         self.layout.batch_dims(name, i, c, batch) for i, c in enumerate(calls_h)
                     ]
-                    grads = self._layer_grads(lay, calls_h, batch, dims)
+                    tapes = [rec.draws.get((name, i)) for i in range(len(calls_h))]
+                    grads = self._layer_grads(lay, calls_h, batch, dims, tapes)
                 else:
                     calls_h = self.layout.to_batch_first(name, calls_h, batch, fixed)
                     grads = self._layer_grads(lay, calls_h, batch)
@@ -983,6 +1019,7 @@ class ClippedGradientEngine:
         calls: list[tuple[tuple[Any, ...], dict[str, Any], list[Tensor | None]]],
         batch: int,
         dims: Sequence[Mapping[str, int | None]] | None = None,
+        draws: Sequence[RandomTape | None] | None = None,
     ) -> LayerGrads:
         if lay.kind == "ghost":
             _require_batch_first(lay, calls, batch)
@@ -1009,7 +1046,14 @@ class ClippedGradientEngine:
                         "the batch along dim 0 of its input and output; use mode='vmap'"
                     )
                 g = layer_per_example_grads(
-                    lay.module, args, kwargs, gouts, lay.local, batch, batch_dims=bd
+                    lay.module,
+                    args,
+                    kwargs,
+                    gouts,
+                    lay.local,
+                    batch,
+                    batch_dims=bd,
+                    draws=draws[occ] if draws is not None else None,
                 )
             total = {n: total[n] + g[n] if n in total else g[n] for n in g}
         if not total:

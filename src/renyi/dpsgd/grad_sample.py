@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -40,6 +40,9 @@ from torch.func import functional_call, grad, vmap
 
 from renyi._validation import fail
 from renyi.errors import PrivacyParameterError, RenyiError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from renyi.dpsgd.replay import RandomTape
 
 __all__ = [
     "LossFn",
@@ -294,6 +297,8 @@ def _functorch_errors(what: str, whole_model: bool) -> Iterator[None]:
     except RuntimeError as err:
         text = str(err)
         if "autograd.Function" in text or "setup_context" in text:
+            if not whole_model:  # the caller differentiates the layer example by example
+                raise _CustomFunctionError(text) from None
             fix = (
                 "train with mode='auto' (grad_sample_mode='hooks'/'ghost') and register a "
                 "per-sample rule for the layer type that calls it"
@@ -334,6 +339,32 @@ def _functorch_errors(what: str, whole_model: bool) -> Iterator[None]:
         raise
 
 
+class _CustomFunctionError(UnsupportedModelError):
+    """A layer's forward calls a custom ``autograd.Function`` that ``torch.func`` cannot run."""
+
+
+@contextmanager
+def _replaying(draws: RandomTape | None, what: str) -> Iterator[None]:
+    """The recorded draws of a layer call given back whole, or nothing (no draws)."""
+    if draws is None:
+        yield
+        return
+    from renyi.dpsgd.replay import ReplayError
+
+    try:
+        with draws.replay(None):
+            yield
+    except ReplayError as err:
+        raise UnsupportedModelError(
+            f"{what} draws random numbers with a row per example (e.g. dropout on its input) "
+            "inside a layer that owns parameters and has no per-example rule, so its "
+            f"per-example gradient cannot be recomputed with the same random draws ({err}): "
+            "move the randomness into its own module (nn.Dropout) or outside the layer, "
+            "register a rule with renyi.dpsgd.register_grad_sampler, or train with "
+            "grad_sample_mode='vmap' (mode='vmap'); nothing was released"
+        ) from None
+
+
 def _is_batched(t: Any, batch: int) -> bool:
     return isinstance(t, Tensor) and t.ndim > 0 and t.shape[0] == batch
 
@@ -347,6 +378,7 @@ def layer_per_example_grads(
     batch: int,
     *,
     batch_dims: Mapping[str, int | None] | None = None,
+    draws: RandomTape | None = None,
 ) -> dict[str, Tensor]:
     """Per-example gradients of one layer's own parameters from its input and output gradient.
 
@@ -355,7 +387,17 @@ def layer_per_example_grads(
     depends on ``theta`` through ``y_i`` only when no layer mixes examples). Computed as
     ``vmap(grad(<f(theta, x_i), dL/dy_i>))`` over the batch; the layer is called on each
     example in its own layout (a batch of one along each tensor's batch dimension). A layer
-    that draws random numbers in its forward is refused (its draws could not be repeated).
+    whose forward calls a custom ``torch.autograd.Function`` that ``torch.func`` cannot
+    transform (no ``setup_context``, e.g. peft's LoHa ``HadaWeight``) is differentiated one
+    example at a time with plain autograd instead (same result, ``B`` calls of the layer).
+
+    Random draws: a layer that draws random numbers in its forward is refused unless
+    ``draws`` holds the draws of the recorded call (:class:`~renyi.dpsgd.replay.RandomTape`).
+    Then each example's run gets them back whole, which is exact for draws shared by the
+    whole batch (one shape for the batch and for one example: peft's LyCORIS
+    ``module_dropout`` gate ``torch.rand(1)`` and ``rank_dropout`` mask
+    ``torch.rand(out_features)``); a draw with a row per example (dropout on the layer's
+    input) is refused (:class:`UnsupportedModelError`).
 
     Args:
         module: the layer; its forward must treat examples independently.
@@ -368,6 +410,7 @@ def layer_per_example_grads(
         batch_dims: the batch dimension of each tensor (``{"arg<i>" | "kw:<name>" |
             "out<i>": dim or None}``, see :mod:`renyi.dpsgd.layout`); default: dim 0 where
             its size is ``batch``.
+        draws: the random draws of the recorded call (``None``: it drew none).
 
     Returns:
         ``{name: [B, *param.shape]}``.
@@ -409,10 +452,39 @@ def layer_per_example_grads(
     fn = vmap(
         grad(inner),
         in_dims=(None, arg_dims, {k: kw_dims[k] for k in kw_batched}, out_dims),
-        randomness="error",
+        randomness="error" if draws is None else "same",
     )
-    with _functorch_errors(f"a layer of type {type(module).__name__}", whole_model=False):
-        result: dict[str, Tensor] = fn(params, tuple(args), kw_batched, gouts)
+    what = f"a layer of type {type(module).__name__}"
+    try:
+        with _functorch_errors(what, whole_model=False), _replaying(draws, what):
+            result: dict[str, Tensor] = fn(params, tuple(args), kw_batched, gouts)
+    except UnsupportedModelError as err:
+        if not isinstance(err, _CustomFunctionError):
+            raise
+        # torch.func cannot run the layer: plain autograd, one example at a time
+        result = {n: p.new_zeros(batch, *p.shape) for n, p in params.items()}
+        for i in range(batch):
+            one = {n: p.clone().requires_grad_(True) for n, p in params.items()}
+
+            def pick(t: Any, d: int | None) -> Any:
+                return t if d is None else t.narrow(d, i, 1)  # noqa: B023
+
+            xa = tuple(pick(a, d) for a, d in zip(args, arg_dims, strict=True))
+            xk = {k: pick(v, kw_dims[k]) for k, v in kwargs.items()}
+            with torch.enable_grad(), _replaying(draws, what):
+                outs = _flatten_outputs(functional_call(module, one, xa, xk))
+                total = sum(
+                    (
+                        (o * pick(g, d)).sum()
+                        for o, g, d in zip(outs, gouts, out_dims, strict=True)
+                        if g is not None
+                    ),
+                    torch.zeros(()),
+                )
+                got = torch.autograd.grad(total, list(one.values()), allow_unused=True)
+            for n, g in zip(one, got, strict=True):
+                if g is not None:
+                    result[n][i] = g
     # detached: a layer whose forward also uses other layers' parameters (peft's DoRA
     # magnitude calls its LoRA factors) would otherwise hand back gradients that carry a
     # graph to those parameters
