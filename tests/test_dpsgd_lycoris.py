@@ -168,6 +168,31 @@ class _NoisyLinear(nn.Module):
         return nn.functional.dropout(x, 0.5, training=True) @ self.weight.T
 
 
+class _MatMul(torch.autograd.Function):
+    """``x @ w.T`` as an old-style Function (no ``setup_context``, as peft's ``HadaWeight``):
+    ``torch.func`` cannot transform it."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, w: Tensor) -> Tensor:
+        ctx.save_for_backward(x, w)
+        return x @ w.T
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, Tensor]:
+        x, w = ctx.saved_tensors
+        return g @ w, g.T @ x
+
+
+class _NoisyFunctionLinear(_NoisyLinear):
+    def forward(self, x: Tensor) -> Tensor:
+        return _MatMul.apply(nn.functional.dropout(x, 0.5, training=True), self.weight)
+
+
+class _GatedFunctionLinear(_NoisyLinear):
+    def forward(self, x: Tensor) -> Tensor:
+        return _MatMul.apply(x, self.weight) * (torch.rand(1) > 0.3)
+
+
 class _GatedLinear(_NoisyLinear):
     """The same layer with one gate for the whole batch (LyCORIS's module_dropout)."""
 
@@ -182,15 +207,23 @@ def test_a_per_example_draw_inside_a_layer_is_refused_a_shared_one_is_exact() ->
     gate gives each example's own gradient (batch-of-one loop with the same seed)."""
     torch.manual_seed(0)
     x, y = torch.randn(5, 4), torch.randn(5, 3)
-    noisy = nn.Sequential(_NoisyLinear())
-    cap = PerExampleCapture(noisy, max_grad_norm=1e6)
-    try:
-        ((noisy(x) - y) ** 2).sum().backward()
-        with pytest.raises(UnsupportedModelError, match="row per example"):
-            cap.pop_clipped_sum()
-    finally:
-        cap.remove()
-    gated = nn.Sequential(_GatedLinear(), nn.Tanh(), _GatedLinear(3, 3))
+    for noisy_layer in (_NoisyLinear(), _NoisyFunctionLinear()):  # vmap / one at a time
+        noisy = nn.Sequential(noisy_layer)
+        cap = PerExampleCapture(noisy, max_grad_norm=1e6)
+        try:
+            ((noisy(x) - y) ** 2).sum().backward()
+            with pytest.raises(UnsupportedModelError, match="row per example"):
+                cap.pop_clipped_sum()
+        finally:
+            cap.remove()
+    for gated in (
+        nn.Sequential(_GatedLinear(), nn.Tanh(), _GatedLinear(3, 3)),
+        nn.Sequential(_GatedFunctionLinear(), nn.Tanh(), _GatedLinear(3, 3)),
+    ):
+        _check_gated(gated, x, y)
+
+
+def _check_gated(gated: nn.Module, x: Tensor, y: Tensor) -> None:
     for seed in range(4):  # gates on and off across the seeds
         want = torch.zeros(3, 4, dtype=torch.float64)
         for i in range(5):

@@ -343,6 +343,17 @@ class _CustomFunctionError(UnsupportedModelError):
     """A layer's forward calls a custom ``autograd.Function`` that ``torch.func`` cannot run."""
 
 
+def _row(t: Any, d: int | None, i: int) -> Any:
+    """Example ``i`` of ``t`` batched along ``d`` (kept as a batch of one), or ``t`` shared."""
+    return t if d is None else t.narrow(d, i, 1)
+
+
+def _empty_tape() -> RandomTape:
+    from renyi.dpsgd.replay import RandomTape
+
+    return RandomTape()
+
+
 @contextmanager
 def _replaying(draws: RandomTape | None, what: str) -> Iterator[None]:
     """The recorded draws of a layer call given back whole, or nothing (no draws)."""
@@ -463,25 +474,22 @@ def layer_per_example_grads(
             raise
         # torch.func cannot run the layer: plain autograd, one example at a time
         result = {n: p.new_zeros(batch, *p.shape) for n, p in params.items()}
+        # no draws recorded: an empty tape, which refuses any draw (never fresh ones)
+        tape = draws if draws is not None else _empty_tape()
         for i in range(batch):
             one = {n: p.clone().requires_grad_(True) for n, p in params.items()}
-
-            def pick(t: Any, d: int | None) -> Any:
-                return t if d is None else t.narrow(d, i, 1)  # noqa: B023
-
-            xa = tuple(pick(a, d) for a, d in zip(args, arg_dims, strict=True))
-            xk = {k: pick(v, kw_dims[k]) for k, v in kwargs.items()}
-            with torch.enable_grad(), _replaying(draws, what):
+            xa = tuple(_row(a, d, i) for a, d in zip(args, arg_dims, strict=True))
+            xk = {k: _row(v, kw_dims[k], i) for k, v in kwargs.items()}
+            with torch.enable_grad(), _replaying(tape, what):
                 outs = _flatten_outputs(functional_call(module, one, xa, xk))
-                total = sum(
-                    (
-                        (o * pick(g, d)).sum()
-                        for o, g, d in zip(outs, gouts, out_dims, strict=True)
-                        if g is not None
-                    ),
-                    torch.zeros(()),
-                )
-                got = torch.autograd.grad(total, list(one.values()), allow_unused=True)
+                terms = [
+                    (o * _row(g, d, i)).sum()
+                    for o, g, d in zip(outs, gouts, out_dims, strict=True)
+                    if g is not None and o.requires_grad
+                ]
+                if not terms:
+                    continue
+                got = torch.autograd.grad(sum(terms), list(one.values()), allow_unused=True)
             for n, g in zip(one, got, strict=True):
                 if g is not None:
                     result[n][i] = g
