@@ -392,8 +392,10 @@ class PerExampleCapture:
                 "the model has gradient checkpointing on (Hugging Face "
                 "gradient_checkpointing_enable()): its backward recomputes the forward, which "
                 "per-example clipping from loss.backward() does not support. Call "
-                "model.gradient_checkpointing_disable(), or train with "
-                "renyi.dpsgd.hf.DPTrainer or DPOptimizer.accumulate(); nothing was released"
+                "model.gradient_checkpointing_disable(); to save memory, use smaller physical "
+                "batches instead (make_private's max_physical_batch_size=, or gradient "
+                "accumulation), which keep the logical batch, sigma and epsilon; nothing was "
+                "released"
             )
         self._finish_pending()
         if not kwargs and all(isinstance(a, Tensor) for a in args):

@@ -610,9 +610,10 @@ class LossPlan:
             raise UnsupportedModelError(
                 "activation (gradient) checkpointing recomputes the forward pass during "
                 "loss.backward(), which per-example clipping from the user's backward does "
-                "not support: disable it (model.gradient_checkpointing_disable()), or train "
-                "with renyi.dpsgd.hf.DPTrainer or DPOptimizer.accumulate(), which run their "
-                "own forward; nothing was released"
+                "not support: disable it (model.gradient_checkpointing_disable()); to save "
+                "memory, use smaller physical batches instead (make_private's "
+                "max_physical_batch_size=, or gradient accumulation), which keep the logical "
+                "batch, sigma and epsilon; nothing was released"
             ) from exc
 
     def _run(self, retain_graph: bool) -> None:
