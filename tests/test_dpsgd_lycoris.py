@@ -212,7 +212,7 @@ def test_a_per_example_draw_inside_a_layer_is_refused_a_shared_one_is_exact() ->
         cap = PerExampleCapture(noisy, max_grad_norm=1e6)
         try:
             ((noisy(x) - y) ** 2).sum().backward()
-            with pytest.raises(UnsupportedModelError, match="row per example"):
+            with pytest.raises(UnsupportedModelError, match="cannot be given back to each example"):
                 cap.pop_clipped_sum()
         finally:
             cap.remove()
@@ -238,3 +238,37 @@ def _check_gated(gated: nn.Module, x: Tensor, y: Tensor) -> None:
         finally:
             cap.remove()
         assert torch.allclose(got["0.weight"].double(), want, rtol=1e-5, atol=1e-6)
+
+
+class _LateGate(_NoisyLinear):
+    draws = False
+    function = False
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = _MatMul.apply(x, self.weight) if self.function else x @ self.weight.T
+        return y * (torch.rand(1) > 0.3) if self.draws else y
+
+
+@pytest.mark.parametrize("function", [False, True])
+def test_a_layer_that_starts_drawing_later_is_refused_never_given_fresh_draws(
+    function: bool,
+) -> None:
+    """A layer that drew nothing at its first recorded call is not recorded again (the
+    recording costs Python per operator); if it starts drawing, the recomputation must
+    refuse (vmap: ``randomness="error"``; one example at a time: an empty tape), never draw
+    new numbers that differ from the batch's."""
+    torch.manual_seed(0)
+    x, y = torch.randn(5, 4), torch.randn(5, 3)
+    layer = _LateGate()
+    layer.function = function
+    model = nn.Sequential(layer)
+    cap = PerExampleCapture(model, max_grad_norm=1e6)
+    try:
+        ((model(x) - y) ** 2).sum().backward()
+        cap.pop_clipped_sum()
+        layer.draws = True
+        ((model(x) - y) ** 2).sum().backward()
+        with pytest.raises(UnsupportedModelError, match="draws random numbers"):
+            cap.pop_clipped_sum()
+    finally:
+        cap.remove()

@@ -846,12 +846,20 @@ class ClippedGradientEngine:
 
         def make_draw_hooks(name: str) -> tuple[Any, Any]:
             # a layer recomputed per example by vmap: its random draws (peft's LyCORIS
-            # module_dropout gate, rank_dropout mask) are kept for that recomputation
+            # module_dropout gate, rank_dropout mask) are kept for that recomputation. A
+            # layer that drew nothing at its first recorded call in this train/eval mode is
+            # not recorded again (the tape costs Python per operator); should it draw later,
+            # the recomputation refuses it (vmap's randomness="error", or an empty tape)
             open_: list[tuple[RandomTape, Any, int] | None] = []
+            seen: dict[tuple[str, bool], bool] = self.__dict__.setdefault("_layer_draws", {})
 
             def pre(module: nn.Module, args: tuple[Any, ...]) -> None:
                 rec = holder[0]
-                if not rec.active or torch.compiler.is_compiling():
+                if (
+                    not rec.active
+                    or seen.get((name, module.training)) is False
+                    or torch.compiler.is_compiling()
+                ):
                     open_.append(None)
                     return
                 tape = RandomTape()
@@ -865,6 +873,9 @@ class ClippedGradientEngine:
                     return
                 tape, cm, index = entry
                 cm.__exit__(None, None, None)
+                seen[(name, module.training)] = seen.get((name, module.training), False) or (
+                    len(tape) > 0
+                )
                 rec = holder[0]
                 if len(tape) and len(rec.records.get(name, ())) == index + 1:
                     rec.draws[(name, index)] = tape

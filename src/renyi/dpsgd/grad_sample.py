@@ -367,7 +367,8 @@ def _replaying(draws: RandomTape | None, what: str) -> Iterator[None]:
             yield
     except ReplayError as err:
         raise UnsupportedModelError(
-            f"{what} draws random numbers with a row per example (e.g. dropout on its input) "
+            f"{what} draws random numbers that cannot be given back to each example (a row "
+            "per example, e.g. dropout on its input, or draws its batched call did not make) "
             "inside a layer that owns parameters and has no per-example rule, so its "
             f"per-example gradient cannot be recomputed with the same random draws ({err}): "
             "move the randomness into its own module (nn.Dropout) or outside the layer, "
