@@ -18,7 +18,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from renyi.dpsgd._scan_kernels import _cached_jit
+from renyi.dpsgd._scan_kernels import _cached_jit, ir_loop
 
 njit: Any
 try:  # pragma: no cover - exercised when numba is installed
@@ -129,36 +129,14 @@ def _build(double: bool, fb: int, lanes: int) -> Any:
         ir.FunctionType(vt, [vt, vt, vt]),
         name=f"llvm.fma.v{lanes}{'f64' if double else 'f32'}",
     )
-    zero, one = ir.Constant(i64, 0), ir.Constant(i64, 1)
+    one = ir.Constant(i64, 1)
     align = 8 if double else 4  # one element's: rows of g and out start anywhere
     zvec = ir.Constant(vt, [0.0] * lanes)
     splat = ir.Constant(ir.VectorType(i32, lanes), [0] * lanes)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
 
-    def loop(stop: Any, step: Any, body: Any, carried: list[Any] | None = None) -> list[Any]:
-        """``for i in range(0, stop, step): body(i, *carried) -> new carried`` (phis)."""
-        pre = b.block
-        head = b.append_basic_block("head")
-        bod = b.append_basic_block("body")
-        ext = b.append_basic_block("exit")
-        b.branch(head)
-        b.position_at_end(head)
-        iv = b.phi(i64)
-        iv.add_incoming(zero, pre)
-        phis = []
-        for init in carried or []:
-            p = b.phi(init.type)
-            p.add_incoming(init, pre)
-            phis.append(p)
-        b.cbranch(b.icmp_signed("<", iv, stop), bod, ext)
-        b.position_at_end(bod)
-        new = body(iv, *phis) or []
-        iv.add_incoming(b.add(iv, step), b.block)
-        for p, v in zip(phis, new, strict=True):
-            p.add_incoming(v, b.block)
-        b.branch(head)
-        b.position_at_end(ext)
-        return phis
+    def loop(stop: Any, step: Any, body: Any, carried: Any = ()) -> list[Any]:
+        return ir_loop(b, stop, step, body, carried)
 
     def per_example(bi: Any) -> None:
         def per_channel(ci: Any) -> None:

@@ -98,6 +98,35 @@ def available() -> bool:
     return njit is not None
 
 
+def ir_loop(builder: Any, stop: Any, step: Any, body: Any, carried: Any = ()) -> list[Any]:
+    """Emit ``for i in range(0, stop, step): carried = body(i, *carried)`` at ``builder``'s
+    position (LLVM IR through llvmlite; ``stop``/``step`` integer values of one type, the
+    carried values as phis); returns the carried values after the loop. The loop scaffolding
+    of the hand-written kernels here and in :mod:`renyi.dpsgd._conv_kernels`."""
+    pre = builder.block
+    head = builder.append_basic_block("loop.head")
+    bod = builder.append_basic_block("loop.body")
+    ext = builder.append_basic_block("loop.exit")
+    builder.branch(head)
+    builder.position_at_end(head)
+    iv = builder.phi(stop.type)
+    iv.add_incoming(stop.type(0), pre)
+    phis = []
+    for init in carried:
+        phi = builder.phi(init.type)
+        phi.add_incoming(init, pre)
+        phis.append(phi)
+    builder.cbranch(builder.icmp_signed("<", iv, stop), bod, ext)
+    builder.position_at_end(bod)
+    new = body(iv, *phis) or []
+    iv.add_incoming(builder.add(iv, step), builder.block)
+    for phi, value in zip(phis, new, strict=True):
+        phi.add_incoming(value, builder.block)
+    builder.branch(head)
+    builder.position_at_end(ext)
+    return phis
+
+
 def _cached_jit(**options: Any) -> Any:
     """``njit(cache=True, **options)``, or ``njit(**options)`` when numba finds no writable
     place for its cache (neither ``__pycache__`` beside this file nor a user-wide cache
@@ -355,40 +384,27 @@ if njit is not None:  # the compiled functions, defined only with numba
                     ]
                 else:
                     start = [[ir.Constant(vt, [0.0] * _VEC)] * vecs for _ in range(rows)]
-                entry = builder.block
-                head = builder.append_basic_block("tile.head")
-                body = builder.append_basic_block("tile.body")
-                done = builder.append_basic_block("tile.done")
-                builder.branch(head)
-                builder.position_at_end(head)
-                k = builder.phi(i64)
-                k.add_incoming(const(0), entry)
-                acc = [[builder.phi(vt) for _ in range(vecs)] for _ in range(rows)]
-                for r, row in enumerate(acc):
-                    for v, x in enumerate(row):
-                        x.add_incoming(start[r][v], entry)
-                builder.cbranch(builder.icmp_signed("<", k, depth), body, done)
-                builder.position_at_end(body)
-                b_row = builder.gep(b_col, [builder.mul(k, sb)])
-                bs = []
-                for v in range(vecs):
-                    ptr = builder.gep(b_row, [const(4 * _VEC * v)])
-                    bs.append(builder.load(builder.bitcast(ptr, vt.as_pointer()), align=4))
-                k4 = builder.mul(k, a_step)
-                nxt = []
-                for r in range(rows):
-                    x = builder.load(
-                        builder.bitcast(builder.gep(a_rows[r], [k4]), f32.as_pointer())
-                    )
-                    x = builder.insert_element(undef, x, ir.Constant(ir.IntType(32), 0))
-                    x = builder.shuffle_vector(x, undef, splat)
-                    nxt.append([builder.call(fma, [x, bs[v], acc[r][v]]) for v in range(vecs)])
-                k.add_incoming(builder.add(k, const(1)), builder.block)
-                for r in range(rows):
+
+                def step(k: Any, *flat: Any) -> list[Any]:
+                    acc = [flat[r * vecs : (r + 1) * vecs] for r in range(rows)]
+                    b_row = builder.gep(b_col, [builder.mul(k, sb)])
+                    bs = []
                     for v in range(vecs):
-                        acc[r][v].add_incoming(nxt[r][v], builder.block)
-                builder.branch(head)
-                builder.position_at_end(done)
+                        ptr = builder.gep(b_row, [const(4 * _VEC * v)])
+                        bs.append(builder.load(builder.bitcast(ptr, vt.as_pointer()), align=4))
+                    k4 = builder.mul(k, a_step)
+                    nxt = []
+                    for r in range(rows):
+                        x = builder.load(
+                            builder.bitcast(builder.gep(a_rows[r], [k4]), f32.as_pointer())
+                        )
+                        x = builder.insert_element(undef, x, ir.Constant(ir.IntType(32), 0))
+                        x = builder.shuffle_vector(x, undef, splat)
+                        nxt += [builder.call(fma, [x, bs[v], acc[r][v]]) for v in range(vecs)]
+                    return nxt
+
+                flat = ir_loop(builder, depth, const(1), step, [x for row in start for x in row])
+                acc = [flat[r * vecs : (r + 1) * vecs] for r in range(rows)]
                 for r in range(rows):
                     for v in range(vecs):
                         builder.store(acc[r][v], c_ptr(r, v), align=4)
@@ -516,38 +532,25 @@ if njit is not None:  # the compiled functions, defined only with numba
                 fma = cgutils.get_or_insert_function(
                     builder.module, ir.FunctionType(vt, [vt, vt, vt]), "llvm.fma.v16f32"
                 )
-                entry = builder.block
-                head = builder.append_basic_block("gram.head")
-                body = builder.append_basic_block("gram.body")
-                done = builder.append_basic_block("gram.done")
-                builder.branch(head)
-                builder.position_at_end(head)
-                k = builder.phi(i64)
-                k.add_incoming(const(0), entry)
-                acc = [[builder.phi(vt) for _ in range(rows)] for _ in range(rows)]
-                for row in acc:
-                    for v in row:
-                        v.add_incoming(ir.Constant(vt, [0.0] * _VEC), entry)
-                builder.cbranch(builder.icmp_signed("<", k, blocks), body, done)
-                builder.position_at_end(body)
-                off = builder.mul(k, const(4 * _VEC))
 
-                def load(base: Any) -> Any:
-                    ptr = builder.bitcast(builder.gep(base, [off]), vt.as_pointer())
-                    return builder.load(ptr, align=4)
+                def step(k: Any, *flat: Any) -> list[Any]:
+                    off = builder.mul(k, const(4 * _VEC))
 
-                ls = [load(p) for p in left]
-                rs = [load(p) for p in right]
-                nxt = [
-                    [builder.call(fma, [ls[r], rs[c], acc[r][c]]) for c in range(rows)]
-                    for r in range(rows)
-                ]
-                k.add_incoming(builder.add(k, const(1)), builder.block)
-                for r in range(rows):
-                    for c in range(rows):
-                        acc[r][c].add_incoming(nxt[r][c], builder.block)
-                builder.branch(head)
-                builder.position_at_end(done)
+                    def load(base: Any) -> Any:
+                        ptr = builder.bitcast(builder.gep(base, [off]), vt.as_pointer())
+                        return builder.load(ptr, align=4)
+
+                    ls = [load(p) for p in left]
+                    rs = [load(p) for p in right]
+                    return [
+                        builder.call(fma, [ls[r], rs[c], flat[r * rows + c]])
+                        for r in range(rows)
+                        for c in range(rows)
+                    ]
+
+                zeros = [ir.Constant(vt, [0.0] * _VEC)] * (rows * rows)
+                flat = ir_loop(builder, blocks, const(1), step, zeros)
+                acc = [flat[r * rows : (r + 1) * rows] for r in range(rows)]
                 if rows * rows == _VEC:  # 16 sums at once: the transposing tree below
                     i32 = ir.IntType(32)
                     vs = [acc[r][c] for r in range(rows) for c in range(rows)]
